@@ -1,0 +1,12 @@
+"""Flax Llama-family models, the fixed-shape KV cache, and tokenizers."""
+
+from .cache import KVCache, init_cache
+from .config import ModelConfig
+from .lm import LanguageModel, forward_cached, forward_full, init_model
+from .tokenizer import ByteTokenizer, HFTokenizer
+from .transformer import Transformer
+
+__all__ = [
+    "ByteTokenizer", "HFTokenizer", "KVCache", "LanguageModel", "ModelConfig", "Transformer",
+    "forward_cached", "forward_full", "init_cache", "init_model",
+]

@@ -1,0 +1,56 @@
+"""Fixed-shape key/value cache with per-row lengths.
+
+Buffers never change shape inside a decode loop: progress lives in `lengths`. Rolling a row back
+is setting its length (entries past it are masked and later overwritten); resampling particles is
+a gather along the batch axis. Both are O(1) Python and trace cleanly inside `jit`.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from flax import struct
+
+
+@struct.dataclass
+class KVCache:
+    """Keys/values `[num_layers, batch, max_len, num_kv_heads, head_dim]` and `lengths int32[batch]`."""
+
+    k: jax.Array
+    v: jax.Array
+    lengths: jax.Array
+
+    @property
+    def batch_size(self) -> int:
+        return self.k.shape[1]
+
+    @property
+    def max_len(self) -> int:
+        return self.k.shape[2]
+
+    def gather(self, index: jax.Array) -> "KVCache":
+        """Rows `index` of the cache (the batch axis), e.g. particles picked by their ancestors."""
+        index = jnp.asarray(index, jnp.int32)
+        return KVCache(k=jnp.take(self.k, index, axis=1), v=jnp.take(self.v, index, axis=1),
+                       lengths=jnp.take(self.lengths, index, axis=0))
+
+    def set_lengths(self, lengths: jax.Array) -> "KVCache":
+        """Roll rows back (or forward over already-written entries) by setting their lengths."""
+        return self.replace(lengths=jnp.broadcast_to(jnp.asarray(lengths, jnp.int32), self.lengths.shape))
+
+    def repeat(self, n: int) -> "KVCache":
+        """Each row repeated `n` times consecutively (row b -> rows b*n .. b*n+n-1): prefill once, fan out."""
+        return self.gather(jnp.repeat(jnp.arange(self.batch_size), n))
+
+    @property
+    def nbytes(self) -> int:
+        return int(self.k.size * self.k.dtype.itemsize * 2)
+
+
+def init_cache(num_layers: int, batch: int, max_len: int, num_kv_heads: int, head_dim: int,
+               dtype=jnp.float32) -> KVCache:
+    """An empty cache: zeros and every row at length 0."""
+    if batch < 1 or max_len < 1:
+        raise ValueError(f"cache needs batch >= 1 and max_len >= 1, got batch={batch}, max_len={max_len}")
+    shape = (num_layers, batch, max_len, num_kv_heads, head_dim)
+    return KVCache(k=jnp.zeros(shape, dtype), v=jnp.zeros(shape, dtype), lengths=jnp.zeros((batch,), jnp.int32))

@@ -1,0 +1,113 @@
+"""`LanguageModel`: a config, its params and an optional tokenizer, with the few pure functions the
+decode engine needs (`init_cache`, `apply`, full-sequence scoring)."""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from typing import Any, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from .cache import KVCache, init_cache
+from .config import ModelConfig
+from .transformer import Transformer
+
+
+@functools.lru_cache(maxsize=None)
+def _module(config: ModelConfig) -> Transformer:
+    return Transformer(config)
+
+
+def forward_cached(config: ModelConfig, params, tokens, cache: KVCache, num_valid=None,
+                   hidden_layers: Sequence[int] = ()):
+    """Write `tokens [B, T]` at each row's cache length, attend causally to everything before.
+
+    Returns `(logits float32[B, T, V], cache')` — plus hidden states `[len(hidden_layers), B, T, D]`
+    when `hidden_layers` is non-empty. Each row's length advances by T, or by `num_valid[B]` for
+    ragged (right-padded) input: entries written past a row's new length are stale and masked.
+    """
+    T = tokens.shape[1]
+    if T > cache.max_len:
+        raise ValueError(f"cannot write {T} tokens into a cache of max_len {cache.max_len}; "
+                         f"allocate a larger cache (init_cache(batch, max_len=...))")
+    positions = cache.lengths[:, None] + jnp.arange(T, dtype=jnp.int32)[None, :]
+    logits, (k, v), hidden = _module(config).apply(
+        {"params": params}, tokens, positions, (cache.k, cache.v), hidden_layers=tuple(hidden_layers))
+    advance = T if num_valid is None else jnp.asarray(num_valid, jnp.int32)
+    new_cache = KVCache(k=k, v=v, lengths=cache.lengths + advance)
+    if hidden_layers:
+        return logits, new_cache, hidden
+    return logits, new_cache
+
+
+def forward_full(config: ModelConfig, params, tokens, hidden_layers: Sequence[int] = ()):
+    """Full-sequence logits `float32[B, T, V]` with plain causal attention and no cache."""
+    T = tokens.shape[1]
+    positions = jnp.broadcast_to(jnp.arange(T, dtype=jnp.int32), tokens.shape)
+    logits, _, hidden = _module(config).apply({"params": params}, tokens, positions, None,
+                                              hidden_layers=tuple(hidden_layers))
+    return (logits, hidden) if hidden_layers else logits
+
+
+@functools.lru_cache(maxsize=None)
+def _jitted_full(config: ModelConfig):
+    return jax.jit(functools.partial(forward_full, config))
+
+
+@dataclasses.dataclass(eq=False)
+class LanguageModel:
+    """A decoder-only LM: `config`, `params` (a pytree), optional `tokenizer` and a `name`."""
+
+    config: ModelConfig
+    params: Any
+    tokenizer: Any = None
+    name: str = "model"
+
+    def init_cache(self, batch: int, max_len: int) -> KVCache:
+        """Empty fixed-shape cache for `batch` rows of `max_len` slots (dtype of the params)."""
+        c = self.config
+        return init_cache(c.num_hidden_layers, batch, max_len, c.num_key_value_heads, c.head_dim, c.jnp_dtype)
+
+    def apply(self, params, tokens, cache: KVCache, num_valid=None, hidden_layers: Sequence[int] = ()):
+        """Pure cached forward; see `forward_cached`. Pass `params` explicitly so jit sees them as inputs."""
+        return forward_cached(self.config, params, tokens, cache, num_valid, hidden_layers)
+
+    def logits(self, params, tokens, hidden_layers: Sequence[int] = ()):
+        """Pure full-sequence forward without a cache; see `forward_full`."""
+        return forward_full(self.config, params, tokens, hidden_layers)
+
+    def __call__(self, tokens) -> jax.Array:
+        """Full-sequence logits `float32[B, T, V]` of this model's params (jitted, no cache)."""
+        tokens = jnp.asarray(tokens, jnp.int32)
+        if tokens.ndim == 1:
+            tokens = tokens[None]
+        if tokens.ndim != 2:
+            raise ValueError(f"tokens must be [batch, length], got shape {tokens.shape}")
+        return _jitted_full(self.config)(self.params, tokens)
+
+    @property
+    def num_params(self) -> int:
+        return int(sum(np.prod(x.shape) for x in jax.tree_util.tree_leaves(self.params)))
+
+    @property
+    def vocab_size(self) -> int:
+        return self.config.vocab_size
+
+    def __repr__(self):
+        c = self.config
+        return (f"LanguageModel({self.name!r}, {self.num_params / 1e6:.2f}M params, layers={c.num_hidden_layers}, "
+                f"hidden={c.hidden_size}, vocab={c.vocab_size}, dtype={c.dtype})")
+
+
+def init_model(config: ModelConfig, seed: int = 0, *, tokenizer=None, init_std: float = 0.02,
+               name: str = "random") -> LanguageModel:
+    """A randomly initialised model (normal(0, init_std) weights, unit norms), for tests and toys."""
+    if not isinstance(config, ModelConfig):
+        raise TypeError(f"config must be a models.ModelConfig, got {type(config).__name__}")
+    module = Transformer(config, init_std=init_std)
+    tokens = jnp.zeros((1, 1), jnp.int32)
+    params = jax.jit(module.init)(jax.random.PRNGKey(seed), tokens, jnp.zeros((1, 1), jnp.int32))["params"]
+    return LanguageModel(config=config, params=params, tokenizer=tokenizer, name=name)

@@ -1,0 +1,240 @@
+"""`smcsd.decode`: the one entry point. Normalises and checks the request on the host, sizes the
+cache to the work, fetches (or compiles) the method's program, runs it, and unpacks the result."""
+
+from __future__ import annotations
+
+import numbers
+import time
+from typing import Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from models import LanguageModel
+
+from . import sampling as _sampling
+from .engine import METHODS, ProgramInputs, StaticSpec, bucket, compiled_program
+from .stats import DecodeResult, DecodeStats, finish_stats
+
+_SELECT = ("sample", "argmax")
+
+
+def _check_int(name, value, minimum):
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise TypeError(f"{name} must be an int >= {minimum}, got {value!r}")
+    if value < minimum:
+        raise ValueError(f"{name} must be >= {minimum}, got {value}")
+    return int(value)
+
+
+def _normalize_prompts(prompt, tokenizer, vocab_size: int) -> tuple[list[list[int]], bool]:
+    """Requests as lists of ids; returns (requests, whether the input was text)."""
+    if isinstance(prompt, np.ndarray):
+        if not np.issubdtype(prompt.dtype, np.integer):
+            raise TypeError(f"prompt token ids must be integers, got an array of dtype {prompt.dtype}")
+        prompt = prompt.tolist()
+    if isinstance(prompt, str):
+        prompt = [prompt]
+    if not isinstance(prompt, (list, tuple)):
+        raise TypeError("prompt must be a string, a list of strings, a list of token ids or a list of lists "
+                        f"of token ids; got {type(prompt).__name__}")
+    if len(prompt) == 0:
+        raise ValueError("prompt is empty: pass at least one request (a non-empty string or token list)")
+    if all(isinstance(p, str) for p in prompt):
+        if tokenizer is None:
+            raise ValueError("text prompts need a tokenizer, but the target model has none; pass token ids "
+                             "or attach a tokenizer (LanguageModel(..., tokenizer=...))")
+        requests = [tokenizer.encode(p) for p in prompt]
+        is_text = True
+    elif all(_is_int(t) for t in prompt):
+        requests, is_text = [list(prompt)], False
+    elif all(isinstance(p, (list, tuple, np.ndarray)) for p in prompt):
+        requests, is_text = [list(np.asarray(p).tolist()) if isinstance(p, np.ndarray) else list(p) for p in prompt], False
+    else:
+        raise TypeError("prompt must be a string, a list of strings, a list of token ids or a list of lists "
+                        "of token ids (don't mix them)")
+    for i, ids in enumerate(requests):
+        if len(ids) == 0:
+            raise ValueError(f"prompt {i} is empty: each request needs at least one token "
+                             "(text prompts get a BOS token from the tokenizer)")
+        for t in ids:
+            if not _is_int(t):
+                raise TypeError(f"prompt {i} has a non-integer token id {t!r}: token ids must be ints")
+            if not 0 <= int(t) < vocab_size:
+                raise ValueError(f"prompt {i} has token id {int(t)} outside the vocabulary [0, {vocab_size})")
+    return [[int(t) for t in ids] for ids in requests], is_text
+
+
+def _is_int(x) -> bool:
+    return isinstance(x, (numbers.Integral, np.integer)) and not isinstance(x, bool)
+
+
+def _stop_ids(eos_id, tokenizer, config, vocab_size: int) -> list[int]:
+    if eos_id is None:
+        eos = getattr(tokenizer, "eos_id", None) if tokenizer is not None else None
+        eos = config.eos_token_id if eos is None else eos
+        ids = [] if eos is None else [eos]
+    elif _is_int(eos_id):
+        ids = [int(eos_id)]
+    elif isinstance(eos_id, (list, tuple)) and all(_is_int(e) for e in eos_id):
+        ids = [int(e) for e in eos_id]
+    else:
+        raise TypeError(f"eos_id must be None, an int or a list of ints, got {eos_id!r}")
+    for e in ids:
+        if not 0 <= e < vocab_size:
+            raise ValueError(f"eos_id {e} is outside the vocabulary [0, {vocab_size})")
+    return ids
+
+
+def _resolve_models(target, draft):
+    if target is None:
+        raise ValueError("decode needs a target model: pass target=models.init_model(...) or a loaded model")
+    if not isinstance(target, LanguageModel):
+        raise TypeError(f"target must be a models.LanguageModel, got {type(target).__name__}")
+    if draft is not None and not isinstance(draft, LanguageModel):
+        raise TypeError(f"draft must be a models.LanguageModel or None, got {type(draft).__name__}")
+    return target, draft
+
+
+def decode(
+    prompt,
+    *,
+    target: LanguageModel | None = None,
+    draft: LanguageModel | None = None,
+    method: str = "ar",
+    max_new_tokens: int = 64,
+    temperature: float = 1.0,
+    top_k: int = 0,
+    top_p: float = 1.0,
+    seed: int = 0,
+    eos_id: int | Sequence[int] | None = None,
+    num_speculative_tokens: int = 4,
+    num_particles: int = 4,
+    draft_temperature: float | None = None,
+    ess_threshold: float = 0.5,
+    resampler: str = "systematic",
+    alpha: float = 1.0,
+    select: str = "sample",
+    return_particles: bool = False,
+) -> DecodeResult:
+    """Decode `max_new_tokens` (or until a stop token) for each request with `method`.
+
+    prompt: a string, a list of strings, a list of token ids (one request) or a list of lists.
+    method: "ar" (exact reference) or a registered speculative method (see `smcsd.available_methods()`).
+    temperature / top_k / top_p define the target distribution p_T every method samples from
+    (temperature 0 = greedy); draft_temperature (default: temperature) shapes the draft's proposals.
+    eos_id: stop token id(s); default the tokenizer's EOS (EOS is included in the output).
+    Returns a `DecodeResult` with the new tokens per request (in request order), texts, and stats.
+    """
+    target, draft = _resolve_models(target, draft)
+    if not isinstance(method, str) or method not in METHODS:
+        raise ValueError(f"unknown method {method!r}; choose one of: {', '.join(sorted(METHODS))}")
+    mdef = METHODS[method]
+    if mdef.needs_draft:
+        if draft is None:
+            raise ValueError(f"method {method!r} needs a draft model: pass draft=... "
+                             "(a small LanguageModel sharing the target's vocabulary)")
+    else:
+        draft = None
+    if draft is not None and draft.config.vocab_size != target.config.vocab_size:
+        raise ValueError(f"draft and target vocabularies differ (draft vocab_size={draft.config.vocab_size}, "
+                         f"target vocab_size={target.config.vocab_size}); they must share one tokenizer")
+    max_new_tokens = _check_int("max_new_tokens", max_new_tokens, 1)
+    _sampling.validate(temperature, top_k, top_p)
+    if draft_temperature is None:
+        draft_temperature = temperature
+    _sampling.validate(draft_temperature, top_k, top_p, prefix="draft_")
+    seed = _check_int("seed", seed, 0)
+    K = _check_int("num_speculative_tokens", num_speculative_tokens, 1)
+    N = _check_int("num_particles", num_particles, 1)
+    if isinstance(ess_threshold, bool) or not isinstance(ess_threshold, numbers.Real) or not 0 <= ess_threshold <= 1:
+        raise ValueError(f"ess_threshold must be a number in [0, 1] (0 never resamples, 1 always), got {ess_threshold!r}")
+    if isinstance(alpha, bool) or not isinstance(alpha, numbers.Real) or not alpha > 0 or alpha == float("inf"):
+        raise ValueError(f"alpha must be a finite number > 0 (1 targets p_T itself), got {alpha!r}")
+    if select not in _SELECT:
+        raise ValueError(f"select must be one of {_SELECT}, got {select!r}")
+    if method == "smc":
+        from resample import get_resampler
+        get_resampler(resampler)  # raises a clear error naming the valid resamplers
+
+    requests, _ = _normalize_prompts(prompt, target.tokenizer, target.config.vocab_size)
+    stops = _stop_ids(eos_id, target.tokenizer, target.config, target.config.vocab_size)
+
+    uses_draft = mdef.needs_draft
+    K_eff = K if uses_draft else 0
+    N_eff = N if uses_draft else 1
+    headroom = mdef.headroom(K_eff, N_eff)
+    longest = max(len(r) for r in requests)
+    max_pos = target.config.max_position_embeddings
+    if draft is not None:
+        max_pos = min(max_pos, draft.config.max_position_embeddings)
+    if longest > max_pos:
+        raise ValueError(f"prompt of {longest} tokens is longer than the model's max length "
+                         f"(max_position_embeddings={max_pos}); shorten the prompt")
+    if longest + max_new_tokens + headroom > max_pos:
+        raise ValueError(
+            f"prompt ({longest} tokens) + max_new_tokens ({max_new_tokens})"
+            + (f" + draft headroom ({headroom})" if headroom else "")
+            + f" exceeds the model's max length {max_pos}; lower max_new_tokens"
+            + (" or num_speculative_tokens" if headroom else ""))
+
+    B = len(requests)
+    prompt_width = bucket(longest, 8)
+    cache_len = min(bucket(longest + max_new_tokens + headroom), max_pos)
+    cache_len = max(cache_len, prompt_width)
+    out_len = bucket(max_new_tokens + headroom, 8)
+    spec = StaticSpec(method=method, batch=B, prompt_len=prompt_width, cache_len=cache_len, out_len=out_len,
+                      num_stop=max(1, len(stops)), num_speculative_tokens=K_eff, num_particles=N_eff,
+                      resampler=resampler if method == "smc" else "", select=select if method == "smc" else "",
+                      return_particles=bool(return_particles) and method == "smc")
+
+    pad = target.tokenizer.pad_id if getattr(target.tokenizer, "pad_id", None) is not None else 0
+    prompt_arr = np.full((B, prompt_width), pad, np.int32)
+    for b, ids in enumerate(requests):
+        prompt_arr[b, :len(ids)] = ids
+    stop_arr = np.full((spec.num_stop,), -1, np.int32)
+    stop_arr[:len(stops)] = stops
+    inputs = ProgramInputs(
+        prompt=jnp.asarray(prompt_arr), prompt_len=jnp.asarray([len(r) for r in requests], jnp.int32),
+        key=jax.random.PRNGKey(seed),
+        sampling=_sampling.SamplingParams.make(temperature, top_k, top_p),
+        draft_sampling=_sampling.SamplingParams.make(draft_temperature, top_k, top_p),
+        max_new_tokens=jnp.asarray(max_new_tokens, jnp.int32), stop_ids=jnp.asarray(stop_arr),
+        ess_threshold=jnp.asarray(ess_threshold, jnp.float32), alpha=jnp.asarray(alpha, jnp.float32))
+    draft_params = draft.params if draft is not None else None
+    draft_cfg = draft.config if draft is not None else None
+    args = (target.params, draft_params, inputs)
+
+    program, compile_s = compiled_program(mdef, target.config, draft_cfg, spec, args)
+    start = time.perf_counter()
+    raw = program(*args)
+    raw = jax.device_get(raw)
+    wall = time.perf_counter() - start
+    return _unpack(raw, spec, target, compile_s, wall)
+
+
+def _unpack(raw, spec: StaticSpec, target: LanguageModel, compile_s: float, wall: float) -> DecodeResult:
+    tokens_arr = np.asarray(raw["tokens"])
+    lengths = np.asarray(raw["lengths"])
+    tokens = [tokens_arr[b, :lengths[b]].tolist() for b in range(spec.batch)]
+    tok = target.tokenizer
+    texts = [tok.decode(t) for t in tokens] if tok is not None else None
+    stats = DecodeStats(method=spec.method, batch_size=spec.batch, num_prefill_calls=1, wall_time_s=wall,
+                        compile_time_s=compile_s, cache_len=spec.cache_len)
+    stats = finish_stats(stats, raw.get("stats", {}), lengths)
+    for name in ("ess_per_cycle", "resampled_per_cycle", "log_z", "all_weights_neg_inf"):
+        if name in raw.get("stats", {}):
+            setattr(stats, name, np.asarray(raw["stats"][name]).tolist())
+    if "num_resamples" in raw.get("stats", {}):
+        stats.num_resamples = int(np.asarray(raw["stats"]["num_resamples"]).sum())
+    particles = log_weights = None
+    if spec.return_particles and "particles" in raw:
+        p_tok, p_len = np.asarray(raw["particles"]), np.asarray(raw["particle_lengths"])
+        particles = [[p_tok[b, i, :p_len[b, i]].tolist() for i in range(p_tok.shape[1])] for b in range(spec.batch)]
+        log_weights = np.asarray(raw["log_weights"])
+    return DecodeResult(tokens=tokens, texts=texts, stats=stats, particles=particles, log_weights=log_weights)
+
+
+def available_methods() -> list[str]:
+    return sorted(METHODS)

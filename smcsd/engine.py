@@ -1,0 +1,152 @@
+"""Shared machinery of the decode programs: static specs, inputs, cache sizing, the compile cache,
+and the small traced helpers every method uses (prefill, stop detection, output writes).
+
+A method is registered with `register_method`; its `build(target_cfg, draft_cfg, spec)` returns a
+pure function `(target_params, draft_params, inputs: ProgramInputs) -> dict` that runs the whole
+decode (prefill + `lax.while_loop`) and is compiled once per (method, configs, StaticSpec).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from typing import Callable, NamedTuple
+
+import jax
+import jax.numpy as jnp
+
+from models import KVCache, ModelConfig, forward_cached, init_cache
+
+from .sampling import SamplingParams
+
+
+@dataclasses.dataclass(frozen=True)
+class StaticSpec:
+    """Everything that fixes the compiled program's shapes or structure."""
+
+    method: str
+    batch: int
+    prompt_len: int  # padded prompt width
+    cache_len: int  # KV slots per row (both models)
+    out_len: int  # output buffer width per row (>= max_new_tokens + headroom)
+    num_stop: int  # number of stop-token slots
+    num_speculative_tokens: int = 0
+    num_particles: int = 1
+    resampler: str = "systematic"
+    select: str = "sample"
+    return_particles: bool = False
+
+
+class ProgramInputs(NamedTuple):
+    """Traced inputs: changing any of these values reuses the compiled program."""
+
+    prompt: jax.Array  # int32[B, Tp], right-padded
+    prompt_len: jax.Array  # int32[B]
+    key: jax.Array  # PRNG key
+    sampling: SamplingParams
+    draft_sampling: SamplingParams
+    max_new_tokens: jax.Array  # int32[]
+    stop_ids: jax.Array  # int32[E], -1 = unused slot
+    ess_threshold: jax.Array  # float32[]
+    alpha: jax.Array  # float32[]
+
+
+@dataclasses.dataclass(frozen=True)
+class MethodDef:
+    name: str
+    build: Callable  # (target_cfg, draft_cfg | None, StaticSpec) -> program
+    needs_draft: bool
+    headroom: Callable  # (num_speculative_tokens, num_particles) -> extra cache/output slots
+    exact: bool = True
+
+
+METHODS: dict[str, MethodDef] = {}
+
+
+def register_method(method: MethodDef) -> MethodDef:
+    METHODS[method.name] = method
+    return method
+
+
+def bucket(n: int, minimum: int = 16) -> int:
+    """Round up to the next of 16, 24, 32, 48, 64, 96, ... (powers of two and 1.5x them).
+
+    Nearby sizes share one compiled program while wasting at most a third of the slots.
+    """
+    n = max(int(n), minimum)
+    p = 1 << (n - 1).bit_length()  # next power of two >= n
+    three_quarters = 3 * p // 4
+    return three_quarters if three_quarters >= n and three_quarters >= minimum else p
+
+
+# ----------------------------------------------------------------------------- compile cache
+
+_COMPILED: dict = {}
+
+
+def compiled_program(method: MethodDef, target_cfg: ModelConfig, draft_cfg, spec: StaticSpec, args):
+    """The compiled program for this (method, configs, spec), and the seconds spent compiling now."""
+    key = (method.name, target_cfg, draft_cfg, spec)
+    if key in _COMPILED:
+        return _COMPILED[key], 0.0
+    fn = method.build(target_cfg, draft_cfg, spec)
+    start = time.perf_counter()
+    compiled = jax.jit(fn).lower(*args).compile()
+    elapsed = time.perf_counter() - start
+    _COMPILED[key] = compiled
+    return compiled, elapsed
+
+
+def clear_compile_cache() -> None:
+    _COMPILED.clear()
+
+
+# ----------------------------------------------------------------------------- traced helpers
+
+def prefill(config: ModelConfig, params, prompt, prompt_len, cache_len: int, rows_per_prompt: int = 1):
+    """Run the padded prompts through the model once; returns (last-token logits [B, V], cache).
+
+    With `rows_per_prompt = n`, the cache is then fanned out so prompt b fills rows b*n .. b*n+n-1
+    (particles share the prompt: one prefill per request, broadcast to N rows).
+    """
+    B = prompt.shape[0]
+    cache = init_cache(config.num_hidden_layers, B, cache_len, config.num_key_value_heads, config.head_dim,
+                       config.jnp_dtype)
+    logits, cache = forward_cached(config, params, prompt, cache, num_valid=prompt_len)
+    last = jnp.take_along_axis(logits, (prompt_len - 1)[:, None, None], axis=1)[:, 0]
+    if rows_per_prompt > 1:
+        cache = cache.repeat(rows_per_prompt)
+        last = jnp.repeat(last, rows_per_prompt, axis=0)
+    return last, cache
+
+
+def is_stop(tokens, stop_ids):
+    """True where a token is one of the stop ids (`-1` slots never match)."""
+    return jnp.any((tokens[..., None] == stop_ids) & (stop_ids >= 0), axis=-1)
+
+
+def first_stop_count(tokens, count, stop_ids):
+    """Clip each row's `count` of valid tokens in `tokens [R, M]` to end at (and include) its first
+    stop token. Returns (new count, whether a stop token was among the kept tokens)."""
+    M = tokens.shape[-1]
+    idx = jnp.arange(M)
+    hit = is_stop(tokens, stop_ids) & (idx < count[..., None])
+    first = jnp.min(jnp.where(hit, idx, M), axis=-1)
+    stopped = first < M
+    return jnp.where(stopped, first + 1, count), stopped
+
+
+def write_tokens(out, n, new_tokens, count):
+    """Write the first `count[r]` of `new_tokens[r]` into `out[r]` starting at column `n[r]`."""
+    R, M = new_tokens.shape
+    cols = n[:, None] + jnp.arange(M)[None, :]
+    cols = jnp.where(jnp.arange(M)[None, :] < count[:, None], cols, out.shape[1])  # out of range -> dropped
+    return out.at[jnp.arange(R)[:, None], cols].set(new_tokens, mode="drop")
+
+
+def split_key(key, num: int = 2):
+    return jax.random.split(key, num)
+
+
+__all__ = ["KVCache", "METHODS", "MethodDef", "ProgramInputs", "StaticSpec", "bucket", "compiled_program",
+           "first_stop_count", "is_stop", "prefill", "register_method", "write_tokens"]

@@ -1,0 +1,99 @@
+"""`DecodeStats` and `DecodeResult`. Metric names and definitions follow vLLM's spec-decode metrics.
+
+- num_target_calls: batched target forward passes in the decode loop (the prefill is counted
+  separately in num_prefill_calls, as vLLM does). One call serves every row of the batch.
+- tokens_per_target_call: per request, tokens produced by decode-loop target calls divided by the
+  calls made while that request was live, summed over requests: sum_b (n_b - 1) / sum_b calls_b
+  (the first token of each request comes from the prefill). `ar`: exactly 1; `smc`: K+1 per cycle.
+- num_drafts: draft blocks proposed (one per live row per cycle); num_draft_tokens: tokens in them;
+  num_accepted_tokens: draft tokens accepted; acceptance_rate = accepted / drafted;
+  mean_acceptance_length = 1 + accepted / num_drafts; accepted_per_position[k] = drafts whose
+  k-th token was accepted.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import numpy as np
+
+
+@dataclasses.dataclass
+class DecodeStats:
+    method: str = "ar"
+    batch_size: int = 0
+    num_generated_tokens: int = 0
+    num_prefill_calls: int = 0
+    num_target_calls: int = 0
+    num_draft_calls: int = 0
+    num_drafts: int = 0
+    num_draft_tokens: int = 0
+    num_accepted_tokens: int = 0
+    accepted_per_position: list = dataclasses.field(default_factory=list)
+    acceptance_rate: float = float("nan")
+    mean_acceptance_length: float = float("nan")
+    tokens_per_target_call: float = float("nan")
+    wall_time_s: float = 0.0
+    tokens_per_s: float = 0.0
+    compile_time_s: float = 0.0
+    cache_len: int = 0
+    # SMC-SD only
+    ess_per_cycle: list | None = None  # [num_cycles][batch]: ESS before the resampling test
+    resampled_per_cycle: list | None = None  # [num_cycles][batch] bools
+    num_resamples: int | None = None
+    log_z: list | None = None  # per request, running log Z-hat
+    all_weights_neg_inf: list | None = None  # per request: every particle had weight -inf at some cycle
+
+    def summary(self) -> str:
+        """One line for logs and the CLI."""
+        parts = [f"{self.method}", f"{self.num_generated_tokens} tok", f"{self.tokens_per_s:.1f} tok/s",
+                 f"{self.num_target_calls} target calls", f"{self.tokens_per_target_call:.2f} tok/call"]
+        if self.num_drafts:
+            parts.append(f"accept {self.acceptance_rate:.2f}")
+            parts.append(f"mean accept len {self.mean_acceptance_length:.2f}")
+        if self.num_resamples is not None:
+            parts.append(f"{self.num_resamples} resamples")
+        parts.append(f"compile {self.compile_time_s:.1f}s")
+        return " | ".join(parts)
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+@dataclasses.dataclass
+class DecodeResult:
+    """`tokens`: per request, the new token ids only (EOS included when emitted), in request order.
+    `texts`: decoded `tokens` when the target has a tokenizer, else None. `stats`: `DecodeStats`.
+    With `return_particles=True` (smc): `particles[b][i]` token lists and `log_weights[b][i]`."""
+
+    tokens: list
+    texts: list | None
+    stats: DecodeStats
+    particles: list | None = None
+    log_weights: Any = None
+
+    def __repr__(self):
+        shown = self.texts if self.texts is not None else self.tokens
+        return f"DecodeResult({shown!r}, stats={self.stats.summary()!r})"
+
+
+def finish_stats(stats: DecodeStats, raw: dict, lengths: np.ndarray) -> DecodeStats:
+    """Fill the derived rates from raw counters returned by a compiled program."""
+    stats.num_generated_tokens = int(lengths.sum())
+    for name in ("num_target_calls", "num_draft_calls", "num_drafts", "num_draft_tokens", "num_accepted_tokens"):
+        if name in raw:
+            setattr(stats, name, int(np.asarray(raw[name]).sum()) if name != "num_target_calls"
+                    else int(np.asarray(raw[name])))
+    if "accepted_per_position" in raw:
+        stats.accepted_per_position = [int(x) for x in np.asarray(raw["accepted_per_position"]).reshape(-1)]
+    if stats.num_draft_tokens:
+        stats.acceptance_rate = stats.num_accepted_tokens / stats.num_draft_tokens
+    if stats.num_drafts:
+        stats.mean_acceptance_length = 1.0 + stats.num_accepted_tokens / stats.num_drafts
+    live_calls = int(np.asarray(raw.get("live_calls", 0)).sum())
+    if live_calls:
+        stats.tokens_per_target_call = float(np.maximum(lengths - 1, 0).sum()) / live_calls
+    if stats.wall_time_s > 0:
+        stats.tokens_per_s = stats.num_generated_tokens / stats.wall_time_s
+    return stats
