@@ -45,6 +45,10 @@ def _normalize_prompts(prompt, tokenizer, vocab_size: int) -> tuple[list[list[in
         if tokenizer is None:
             raise ValueError("text prompts need a tokenizer, but the target model has none; pass token ids "
                              "or attach a tokenizer (LanguageModel(..., tokenizer=...))")
+        for i, p in enumerate(prompt):
+            if not p:
+                raise ValueError(f"prompt {i} is an empty string: give some text, or pass [bos_id] as token ids "
+                                 "to sample unconditionally")
         requests = [tokenizer.encode(p) for p in prompt]
         is_text = True
     elif all(_is_int(t) for t in prompt):
@@ -225,7 +229,10 @@ def _unpack(raw, spec: StaticSpec, target: LanguageModel, compile_s: float, wall
     stats = finish_stats(stats, raw.get("stats", {}), lengths)
     for name in ("ess_per_cycle", "resampled_per_cycle", "log_z", "all_weights_neg_inf"):
         if name in raw.get("stats", {}):
-            setattr(stats, name, np.asarray(raw["stats"][name]).tolist())
+            value = np.asarray(raw["stats"][name])
+            if name in ("ess_per_cycle", "resampled_per_cycle"):  # fixed-size buffers: keep the cycles run
+                value = value[:int(np.asarray(raw["stats"].get("num_target_calls", len(value))))]
+            setattr(stats, name, value.tolist())
     if "num_resamples" in raw.get("stats", {}):
         stats.num_resamples = int(np.asarray(raw["stats"]["num_resamples"]).sum())
     particles = log_weights = None
