@@ -43,7 +43,8 @@ def _dense(features, name, dtype, std, bias=False):
 
 
 class Attention(nn.Module):
-    """Grouped-query attention; `kv` is this layer's cache `(k [B,S,Hkv,D], v)` or None."""
+    """Grouped-query attention; `kv` is `(k_all, v_all, layer)`, the whole cache
+    `[L, B, S, Hkv, D]` and this layer's index, or None for the cache-free path."""
 
     config: ModelConfig
     init_std: float
@@ -65,14 +66,15 @@ class Attention(nn.Module):
             keys, values = k, v
             mask = (positions[:, None, :] <= positions[:, :, None]) & key_mask[:, None, :]  # [B, T, T]
         else:  # write this call's k/v at each row's positions, attend over the whole slot range
-            k_cache, v_cache = kv
+            # Scatter straight into the whole cache (in place in the scan carry: no per-layer copy).
+            k_all, v_all, layer = kv
             rows = jnp.arange(B)[:, None]
-            k_cache = k_cache.at[rows, positions].set(k.astype(k_cache.dtype), mode="drop")
-            v_cache = v_cache.at[rows, positions].set(v.astype(v_cache.dtype), mode="drop")
-            keys, values = k_cache, v_cache
-            slots = jnp.arange(k_cache.shape[1])
+            k_all = k_all.at[layer, rows, positions].set(k.astype(k_all.dtype), mode="drop")
+            v_all = v_all.at[layer, rows, positions].set(v.astype(v_all.dtype), mode="drop")
+            keys, values = k_all[layer], v_all[layer]
+            slots = jnp.arange(k_all.shape[2])
             mask = slots[None, None, :] <= positions[:, :, None]  # [B, T, S]
-            kv = (k_cache, v_cache)
+            kv = (k_all, v_all)
 
         g = hq // hk
         qg = q.reshape(B, T, hk, g, hd)
@@ -110,14 +112,13 @@ class DecoderLayer(nn.Module):
     def __call__(self, carry, layer, cos, sin, positions, key_mask):
         x, k_all, v_all = carry
         c, dt = self.config, self.config.jnp_dtype
-        kv = None if k_all is None else (k_all[layer], v_all[layer])
+        kv = None if k_all is None else (k_all, v_all, layer)
         h = RMSNorm(c.rms_norm_eps, dt, name="input_layernorm")(x)
         h, kv = Attention(c, self.init_std, name="self_attn")(h, cos, sin, positions, key_mask, kv)
         x = x + h
         x = x + MLP(c, self.init_std, name="mlp")(RMSNorm(c.rms_norm_eps, dt, name="post_attention_layernorm")(x))
         if kv is not None:
-            k_all = jax.lax.dynamic_update_index_in_dim(k_all, kv[0], layer, 0)
-            v_all = jax.lax.dynamic_update_index_in_dim(v_all, kv[1], layer, 0)
+            k_all, v_all = kv
         return (x, k_all, v_all), (x if self.keep_hidden else None)
 
 
