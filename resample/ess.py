@@ -12,6 +12,7 @@ from resample.weights import _sanitize, normalize
 __all__ = ["ess", "log_ess"]
 
 
+@jax.jit
 def log_ess(log_weights) -> jax.Array:
     """``log ESS = −logsumexp(2·log w̄)``, clipped to ``≤ log N`` against float rounding.
 
@@ -24,6 +25,7 @@ def log_ess(log_weights) -> jax.Array:
     return jnp.where(degenerate, -jnp.inf, value)
 
 
+@jax.jit
 def ess(log_weights) -> jax.Array:
     """``ESS = 1 / Σ w̄ᵢ²`` in [1, N]; 0 for a degenerate (all -inf) population. See ``log_ess``."""
     return jnp.exp(log_ess(log_weights))

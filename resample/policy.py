@@ -1,5 +1,6 @@
 """When to resample: the ESS-threshold rule applied once per SMC-SD cycle inside the decode loop."""
 
+import functools
 from typing import Callable, NamedTuple, Union
 
 import jax
@@ -39,6 +40,11 @@ def maybe_resample(
     After resampling the caller resets log-weights to 0 (standard SMC bookkeeping).
     """
     resample_fn = scheme if callable(scheme) else get_resampler(scheme)
+    return _maybe_resample(key, log_weights, threshold, resample_fn)
+
+
+@functools.partial(jax.jit, static_argnums=3)
+def _maybe_resample(key, log_weights, threshold, resample_fn) -> ResampleResult:
     log_weights, degenerate = _sanitize(log_weights)
     n = log_weights.shape[0]
     ess = _ess(log_weights)

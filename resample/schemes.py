@@ -8,8 +8,9 @@ multinomial; systematic has the smallest per-particle count variance (counts are
 
 Conventions shared by all schemes:
   * ``log_weights`` are unnormalised log-weights; they are normalised stably (logsumexp).
-  * -inf (and NaN, read as -inf) entries are never picked. All -inf falls back to uniform
-    weights (``maybe_resample`` reports that case as ``degenerate``).
+  * -inf (and NaN, read as -inf) entries are never picked; +inf entries, if any, share all
+    the mass. All -inf falls back to uniform weights (``maybe_resample`` reports that case as
+    ``degenerate``), so the output is always valid and never depends on a NaN.
   * ``num_samples`` is a static Python int ≥ 1, checked before tracing; it may differ from N.
   * Shapes are static, so each scheme works under ``jax.jit``, ``jax.vmap`` and inside
     ``lax.while_loop``; ancestors are returned sorted ascending.
@@ -66,10 +67,22 @@ def _inverse_cdf(weights: jax.Array, positions: jax.Array) -> jax.Array:
 
 
 def _counts_to_ancestors(counts: jax.Array, num_samples: int) -> jax.Array:
-    """Expands offspring counts ``[N]`` (summing to ``num_samples``) into sorted ancestor indices."""
+    """Expands offspring counts ``[N]`` (summing to ``num_samples``) into sorted ancestors."""
     ends = jnp.cumsum(counts)
     index = jnp.searchsorted(ends, jnp.arange(num_samples, dtype=ends.dtype), side="right")
     return jnp.minimum(index, counts.shape[0] - 1).astype(jnp.int32)
+
+
+def _sorted_uniforms(key, num_samples: int, dtype) -> jax.Array:
+    """The order statistics of M i.i.d. U(0, 1), in O(M) without a sort.
+
+    Normalised partial sums of M + 1 i.i.d. Exp(1) variables have exactly this law
+    (Devroye 1986, "Non-Uniform Random Variate Generation", ch. V); the running maximum keeps
+    them sorted even if ``cumsum`` is evaluated in a reassociated order.
+    """
+    gaps = jax.random.exponential(key, (num_samples + 1,), dtype=dtype)
+    partial_sums = jax.lax.cummax(jnp.cumsum(gaps))
+    return partial_sums[:-1] / partial_sums[-1]
 
 
 @_resampler
@@ -77,18 +90,17 @@ def multinomial(key, log_weights, num_samples):
     """Multinomial resampling: ``num_samples`` i.i.d. draws from w̄ (the baseline scheme).
 
     Offspring counts are Multinomial(M, w̄), variance ``M·w̄ᵢ(1 − w̄ᵢ)``. The draws are
-    exchangeable, so returning them sorted changes nothing but the slot order.
+    exchangeable, so they are returned sorted: inverting the CDF at sorted uniforms.
     """
     weights = _probabilities(log_weights)
-    uniforms = jax.random.uniform(key, (num_samples,), dtype=weights.dtype)
-    return jnp.sort(_inverse_cdf(weights, uniforms))
+    return _inverse_cdf(weights, _sorted_uniforms(key, num_samples, weights.dtype))
 
 
 @_resampler
 def stratified(key, log_weights, num_samples):
     """Stratified resampling: one uniform in each stratum ``[j/M, (j+1)/M)``, independently.
 
-    Never worse than multinomial (Douc & Cappé 2005, §3.2).
+    Never worse than multinomial (Douc & Cappé 2005).
     """
     weights = _probabilities(log_weights)
     uniforms = jax.random.uniform(key, (num_samples,), dtype=weights.dtype)
@@ -100,8 +112,8 @@ def stratified(key, log_weights, num_samples):
 def systematic(key, log_weights, num_samples):
     """Systematic resampling: a single uniform shifted through the M strata ``(u + j)/M``.
 
-    Particle i always gets ⌊M·w̄ᵢ⌋ or ⌈M·w̄ᵢ⌉ offspring (Douc & Cappé 2005, §3.3); the
-    default scheme of SMC-SD.
+    Particle i always gets ⌊M·w̄ᵢ⌋ or ⌈M·w̄ᵢ⌉ offspring (Douc & Cappé 2005), the
+    smallest per-particle variance any unbiased scheme can reach; the default of SMC-SD.
     """
     weights = _probabilities(log_weights)
     uniform = jax.random.uniform(key, (), dtype=weights.dtype)
@@ -114,7 +126,7 @@ def residual(key, log_weights, num_samples):
     """Residual resampling: ⌊M·w̄ᵢ⌋ copies of each particle, the rest multinomial on the residuals.
 
     The R = M − Σ⌊M·w̄ᵢ⌋ remaining offspring are i.i.d. draws ∝ ``M·w̄ᵢ − ⌊M·w̄ᵢ⌋`` (residual-
-    multinomial, as analysed by Douc & Cappé 2005, §3.1), so counts are ≥ ⌊M·w̄ᵢ⌋ but may exceed
+    multinomial, as analysed by Douc & Cappé 2005), so counts are ≥ ⌊M·w̄ᵢ⌋ but may exceed
     ⌈M·w̄ᵢ⌉. R is data-dependent, so M draws are made and only the first R kept (static shapes).
     """
     weights = _probabilities(log_weights)

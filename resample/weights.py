@@ -25,7 +25,7 @@ def _as_float(log_weights) -> jax.Array:
 
 
 def _sanitize(log_weights) -> tuple[jax.Array, jax.Array]:
-    """Returns ``(log_weights, degenerate)`` with NaN read as -inf and +inf entries sharing all mass.
+    """``(log_weights, degenerate)`` with NaN read as -inf and +inf entries sharing all mass.
 
     A NaN weight comes from a broken particle (e.g. ``inf - inf`` in a log-ratio), so it is
     dropped rather than allowed to poison the normaliser. If any entry is +inf, those entries
@@ -39,17 +39,21 @@ def _sanitize(log_weights) -> tuple[jax.Array, jax.Array]:
     return lw, jnp.all(lw == -jnp.inf)
 
 
+@jax.jit
 def normalize(log_weights) -> jax.Array:
     """Normalised log-weights ``ℓ_i − logsumexp(ℓ)``, so that ``sum(exp(result)) == 1``.
 
-    NaN entries count as -inf. If every entry is -inf (a degenerate population) the result is
-    uniform, ``−log N``, so that callers always get a valid distribution and never a NaN.
+    The maximum is subtracted first (exactly, for entries near it), so float32 keeps full
+    precision when log-weights sit far from 0 (e.g. ``[-1e4, -1e4]``). NaN entries count as
+    -inf. If every entry is -inf (a degenerate population) the result is uniform, ``−log N``,
+    so that callers always get a valid distribution and never a NaN.
     """
     lw, degenerate = _sanitize(log_weights)
     lw = jnp.where(degenerate, jnp.zeros_like(lw), lw)
-    return lw - jax.nn.logsumexp(lw)
+    shifted = lw - jax.lax.stop_gradient(jnp.max(lw))
+    return shifted - jax.nn.logsumexp(shifted)
 
 
 def _probabilities(log_weights) -> jax.Array:
-    """Normalised linear weights ``w̄_i`` (uniform when degenerate), computed stably in log space."""
+    """Normalised linear weights ``w̄_i`` (uniform when degenerate), computed in log space."""
     return jnp.exp(normalize(log_weights))
