@@ -11,6 +11,8 @@ import jax
 import jax.numpy as jnp
 from flax import struct
 
+from . import sharding as _sharding
+
 
 @struct.dataclass
 class KVCache:
@@ -31,6 +33,9 @@ class KVCache:
     def gather(self, index: jax.Array) -> "KVCache":
         """Rows `index` of the cache (the batch axis), e.g. particles picked by their ancestors."""
         index = jnp.asarray(index, jnp.int32)
+        sharded = _sharding.gather_cache_rows(self, index)  # under a mesh layout: within each data shard
+        if sharded is not None:
+            return sharded
         return KVCache(k=jnp.take(self.k, index, axis=1), v=jnp.take(self.v, index, axis=1),
                        lengths=jnp.take(self.lengths, index, axis=0))
 
@@ -53,4 +58,5 @@ def init_cache(num_layers: int, batch: int, max_len: int, num_kv_heads: int, hea
     if batch < 1 or max_len < 1:
         raise ValueError(f"cache needs batch >= 1 and max_len >= 1, got batch={batch}, max_len={max_len}")
     shape = (num_layers, batch, max_len, num_kv_heads, head_dim)
-    return KVCache(k=jnp.zeros(shape, dtype), v=jnp.zeros(shape, dtype), lengths=jnp.zeros((batch,), jnp.int32))
+    cache = KVCache(k=jnp.zeros(shape, dtype), v=jnp.zeros(shape, dtype), lengths=jnp.zeros((batch,), jnp.int32))
+    return _sharding.constrain_cache(cache)  # no-op unless a mesh layout is active (models/sharding.py)

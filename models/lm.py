@@ -11,6 +11,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from . import sharding as _sharding
 from .cache import KVCache, init_cache
 from .config import ModelConfig
 from .transformer import Transformer
@@ -37,7 +38,7 @@ def forward_cached(config: ModelConfig, params, tokens, cache: KVCache, num_vali
     logits, (k, v), hidden = _module(config).apply(
         {"params": params}, tokens, positions, (cache.k, cache.v), hidden_layers=tuple(hidden_layers))
     advance = T if num_valid is None else jnp.asarray(num_valid, jnp.int32)
-    new_cache = KVCache(k=k, v=v, lengths=cache.lengths + advance)
+    new_cache = _sharding.constrain_cache(KVCache(k=k, v=v, lengths=cache.lengths + advance))  # no-op w/o mesh
     if hidden_layers:
         return logits, new_cache, hidden
     return logits, new_cache

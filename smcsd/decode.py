@@ -92,8 +92,14 @@ def _stop_ids(eos_id, tokenizer, config, vocab_size: int) -> list[int]:
 
 
 def _resolve_models(target, draft):
-    if target is None:
-        raise ValueError("decode needs a target model: pass target=models.init_model(...) or a loaded model")
+    if target is None:  # default: the shipped tiny-code pair (its draft too, unless one was given)
+        from models.shipped import load_shipped
+        try:
+            target, shipped_draft = load_shipped("tiny-code")
+        except ValueError as e:
+            raise ValueError(f"decode needs a target model and the default shipped pair could not be loaded ({e}); "
+                             "pass target=models.init_model(...) or a loaded model") from e
+        draft = shipped_draft if draft is None else draft
     if not isinstance(target, LanguageModel):
         raise TypeError(f"target must be a models.LanguageModel, got {type(target).__name__}")
     if draft is not None and not isinstance(draft, LanguageModel):
@@ -121,6 +127,7 @@ def decode(
     alpha: float = 1.0,
     select: str = "sample",
     return_particles: bool = False,
+    mesh=None,
 ) -> DecodeResult:
     """Decode `max_new_tokens` (or until a stop token) for each request with `method`.
 
@@ -129,6 +136,8 @@ def decode(
     temperature / top_k / top_p define the target distribution p_T every method samples from
     (temperature 0 = greedy); draft_temperature (default: temperature) shapes the draft's proposals.
     eos_id: stop token id(s); default the tokenizer's EOS (EOS is included in the output).
+    mesh: a `jax.sharding.Mesh` with axes ("data", "model") (`smcsd.make_mesh`): requests x particles
+    sharded over "data" (it must divide the number of requests), weights over "model"; see smcsd/mesh.py.
     Returns a `DecodeResult` with the new tokens per request (in request order), texts, and stats.
     """
     target, draft = _resolve_models(target, draft)
@@ -210,7 +219,10 @@ def decode(
     draft_cfg = draft.config if draft is not None else None
     args = (target.params, draft_params, inputs)
 
-    program, compile_s = compiled_program(mdef, target.config, draft_cfg, spec, args)
+    if mesh is not None:  # validate against the batch, put params/inputs on the mesh (smcsd/mesh.py)
+        from .mesh import place_args
+        mesh, args = place_args(mesh, spec, target.config, draft_cfg, args)
+    program, compile_s = compiled_program(mdef, target.config, draft_cfg, spec, args, mesh=mesh)
     start = time.perf_counter()
     raw = program(*args)
     raw = jax.device_get(raw)

@@ -84,14 +84,21 @@ def bucket(n: int, minimum: int = 16) -> int:
 _COMPILED: dict = {}
 
 
-def compiled_program(method: MethodDef, target_cfg: ModelConfig, draft_cfg, spec: StaticSpec, args):
-    """The compiled program for this (method, configs, spec), and the seconds spent compiling now."""
-    key = (method.name, target_cfg, draft_cfg, spec)
+def compiled_program(method: MethodDef, target_cfg: ModelConfig, draft_cfg, spec: StaticSpec, args, mesh=None):
+    """The compiled program for this (method, configs, spec[, mesh]), and the seconds spent compiling now.
+
+    With a `mesh` (args already placed by `smcsd.mesh.place_args`) it is compiled with sharded
+    in/out shardings and cache constraints (`smcsd.mesh.compile_sharded`)."""
+    key = (method.name, target_cfg, draft_cfg, spec) + ((mesh,) if mesh is not None else ())
     if key in _COMPILED:
         return _COMPILED[key], 0.0
     fn = method.build(target_cfg, draft_cfg, spec)
     start = time.perf_counter()
-    compiled = jax.jit(fn).lower(*args).compile()
+    if mesh is not None:
+        from .mesh import compile_sharded
+        compiled = compile_sharded(fn, mesh, target_cfg, draft_cfg, args)
+    else:
+        compiled = jax.jit(fn).lower(*args).compile()
     elapsed = time.perf_counter() - start
     _COMPILED[key] = compiled
     return compiled, elapsed

@@ -1,0 +1,380 @@
+"""Layouts over a `("data", "model")` device mesh: tensor-parallel weights, data-parallel KV caches,
+and a loader that reads a checkpoint straight into the sharded layout.
+
+Weights (Megatron-style tensor parallelism, Shoeybi et al. 2019), sharded over the "model" axis:
+
+| param | shape | sharded dim |
+|---|---|---|
+| q_proj kernel / bias | [L, D, Hq·hd] / [L, Hq·hd] | output (heads), when Hq % model == 0 |
+| k_proj, v_proj kernel / bias | [L, D, Hkv·hd] / [L, Hkv·hd] | output (KV heads), when Hkv % model == 0 |
+| o_proj kernel | [L, Hq·hd, D] | input (heads), when Hq % model == 0 |
+| gate_proj, up_proj kernel / bias | [L, D, F] / [L, F] | output (hidden F), when F % model == 0 |
+| down_proj kernel | [L, F, D] | input (hidden F), when F % model == 0 |
+| embed_tokens, lm_head | [V, D] | vocab V when V % model == 0, else hidden D when D % model == 0 |
+| norms, q/k norms, down_proj bias | | replicated |
+
+Whatever does not divide is replicated (correct, only less parallel): e.g. 4 KV heads on a model
+axis of 8 keep k/v projections and the cache heads whole on every device (q heads still split).
+Vocab-parallel embeddings and head (Megatron's choice) keep the big [V, D] tables split and make
+the logits vocab-sharded; the sampler's sort over V then gathers them once per call.
+
+KV caches `[L, B, S, Hkv, hd]` are sharded rows over "data" and KV heads over "model" (when Hkv
+divides), `lengths [B]` rows over "data", matching the q/k/v layout so attention needs no
+communication. Rows (requests x particles) over "data" are pure data parallelism; row gathers
+(resampling) are kept inside each data shard by `gather_cache_rows`.
+
+The decode engine turns these layouts on while it traces a program (`layout(mesh)`): then
+`init_cache`, `forward_cached` and `KVCache.gather` put `with_sharding_constraint`s on every cache
+they produce, so the partitioner (GSPMD) keeps the caches in this layout inside the decode loop and
+inserts the collectives (all-reduce after o_proj / down_proj, gathers of vocab-sharded logits).
+Outside `layout(...)` every hook is a no-op.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import dataclasses
+import os
+from typing import Any, Callable
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+
+from .config import ModelConfig
+
+DATA, MODEL = "data", "model"
+
+__all__ = ["DATA", "MODEL", "Layout", "cache_spec", "constrain_cache", "gather_cache_rows", "layout", "load_sharded",
+           "param_shardings", "param_specs", "row_groups", "shard_params"]
+
+
+def axis_size(mesh: Mesh, name: str) -> int:
+    """Size of mesh axis `name` (1 when the mesh has no such axis)."""
+    return int(dict(mesh.shape).get(name, 1))
+
+
+# --------------------------------------------------------------------------------------- weights
+
+def _divides(n: int | None, m: int) -> bool:
+    return n is not None and m > 0 and n % m == 0
+
+
+def _spec_for(path: tuple[str, ...], shape: tuple[int, ...], m: int, config: ModelConfig | None) -> P:
+    """PartitionSpec of one param, from its path (HF-style names) and shape; see the module table.
+
+    With `config`, attention is sharded only at head boundaries (Hq / Hkv divisible by m); without
+    it, a head dim is sharded whenever its size divides (still correct, heads may then be split)."""
+    name = path[-2] if len(path) >= 2 else path[-1]
+    leaf = path[-1]
+    ndim = len(shape)
+    none = (None,) * ndim
+
+    def at(dim):  # shard dim `dim` (negative ok) over "model"
+        spec = list(none)
+        spec[dim] = MODEL
+        return P(*spec)
+
+    if m <= 1:
+        return P(*none)
+    if leaf == "embedding" or path == ("lm_head",) or leaf == "lm_head":  # [V, D]
+        if shape[0] % m == 0:
+            return at(0)
+        if shape[1] % m == 0:
+            return at(1)
+        return P(*none)
+    heads = None
+    if config is not None:
+        heads = {"q_proj": config.num_attention_heads, "o_proj": config.num_attention_heads,
+                 "k_proj": config.num_key_value_heads, "v_proj": config.num_key_value_heads}.get(name)
+    if name in ("q_proj", "k_proj", "v_proj"):  # kernel [L, D, H*hd], bias [L, H*hd]: output dim
+        ok = _divides(heads, m) if config is not None else shape[-1] % m == 0
+        return at(-1) if ok else P(*none)
+    if name == "o_proj":  # kernel [L, H*hd, D]: input dim
+        if leaf != "kernel":
+            return P(*none)
+        ok = _divides(heads, m) if config is not None else shape[-2] % m == 0
+        return at(-2) if ok else P(*none)
+    if name in ("gate_proj", "up_proj"):  # kernel [L, D, F], bias [L, F]: hidden dim
+        return at(-1) if shape[-1] % m == 0 else P(*none)
+    if name == "down_proj":  # kernel [L, F, D]: input dim; bias [L, D] replicated
+        if leaf == "kernel" and shape[-2] % m == 0:
+            return at(-2)
+        return P(*none)
+    return P(*none)  # norms (RMSNorm weights, q/k norms)
+
+
+def _path_names(path) -> tuple[str, ...]:
+    return tuple(str(getattr(k, "key", getattr(k, "name", k))) for k in path)
+
+
+def param_specs(params, model_size: int, config: ModelConfig | None = None):
+    """A pytree of PartitionSpecs matching `params` (arrays or ShapeDtypeStructs)."""
+    return jax.tree_util.tree_map_with_path(
+        lambda path, x: _spec_for(_path_names(path), tuple(x.shape), model_size, config), params)
+
+
+def _abstract_params(config: ModelConfig):
+    from .transformer import Transformer
+
+    module = Transformer(config)
+    tokens = jnp.zeros((1, 1), jnp.int32)
+    return jax.eval_shape(module.init, jax.random.PRNGKey(0), tokens, tokens)["params"]
+
+
+def param_shardings(config: ModelConfig, mesh: Mesh):
+    """A pytree of `NamedSharding` matching the params of a model with `config` (no params built)."""
+    specs = param_specs(_abstract_params(config), axis_size(mesh, MODEL), config)
+    return jax.tree_util.tree_map(lambda s: NamedSharding(mesh, s), specs,
+                                  is_leaf=lambda s: isinstance(s, P))
+
+
+def shard_params(params, mesh: Mesh, config: ModelConfig | None = None):
+    """`params` placed on `mesh` in the tensor-parallel layout (a no-op for arrays already there).
+
+    Pass `config` for head-aware rules (recommended); `params` may also be a `LanguageModel`, whose
+    config is then used and a copy with placed params is returned."""
+    from .lm import LanguageModel
+
+    if isinstance(params, LanguageModel):
+        return dataclasses.replace(params, params=shard_params(params.params, mesh, params.config))
+    specs = param_specs(params, axis_size(mesh, MODEL), config)
+    shardings = jax.tree_util.tree_map(lambda s: NamedSharding(mesh, s), specs, is_leaf=lambda s: isinstance(s, P))
+    return jax.device_put(params, shardings)
+
+
+# --------------------------------------------------------------------------------------- caches
+
+def cache_spec(num_kv_heads: int, mesh: Mesh) -> tuple[P, P]:
+    """(spec of k/v `[L, B, S, Hkv, hd]`, spec of lengths `[B]`): rows over data, KV heads over model."""
+    heads = MODEL if _divides(num_kv_heads, axis_size(mesh, MODEL)) and axis_size(mesh, MODEL) > 1 else None
+    rows = DATA if axis_size(mesh, DATA) > 1 else None
+    return P(None, rows, None, heads, None), P(rows)
+
+
+@dataclasses.dataclass(frozen=True)
+class Layout:
+    """The mesh a program is being traced for, plus an optional debug callback
+    `inspect(name, sharding)` that receives the partitioner's sharding of every constrained cache."""
+
+    mesh: Mesh
+    inspect: Callable[[str, Any], None] | None = None
+
+    @property
+    def data(self) -> int:
+        return axis_size(self.mesh, DATA)
+
+
+_ACTIVE: contextvars.ContextVar[Layout | None] = contextvars.ContextVar("smcsd_mesh_layout", default=None)
+
+
+@contextlib.contextmanager
+def layout(mesh: Mesh | None, inspect: Callable[[str, Any], None] | None = None):
+    """Within this block, traced caches are constrained to `mesh`'s layout (None: no-op)."""
+    token = _ACTIVE.set(None if mesh is None else Layout(mesh, inspect))
+    try:
+        yield
+    finally:
+        _ACTIVE.reset(token)
+
+
+def active_layout() -> Layout | None:
+    return _ACTIVE.get()
+
+
+def row_groups() -> int:
+    """Number of data shards rows are split into while tracing under `layout` (1 otherwise)."""
+    lay = _ACTIVE.get()
+    return 1 if lay is None else lay.data
+
+
+def constrain_cache(cache):
+    """`cache` with its k/v/lengths constrained to the active layout; unchanged outside `layout`.
+    The layout's debug `inspect` gets ("k[L,B,S,Hkv,hd]", the partitioner's sharding of k)."""
+    lay = _ACTIVE.get()
+    if lay is None:
+        return cache
+    kv_spec, len_spec = cache_spec(cache.k.shape[3], lay.mesh)
+    if cache.k.shape[1] % lay.data:  # rows don't split evenly: leave this one to the partitioner
+        return cache
+    k = jax.lax.with_sharding_constraint(cache.k, NamedSharding(lay.mesh, kv_spec))
+    v = jax.lax.with_sharding_constraint(cache.v, NamedSharding(lay.mesh, kv_spec))
+    lengths = jax.lax.with_sharding_constraint(cache.lengths, NamedSharding(lay.mesh, len_spec))
+    if lay.inspect is not None:
+        name = "k" + str(list(cache.k.shape)).replace(" ", "")
+        jax.debug.inspect_array_sharding(k, callback=lambda s: lay.inspect(name, s))
+    return cache.replace(k=k, v=v, lengths=lengths)
+
+
+def gather_cache_rows(cache, index):
+    """`cache.gather(index)` under the active layout, computed inside each data shard; None when no
+    layout is active (the caller then does the plain gather).
+
+    Rows split into G = data-axis-size contiguous blocks, on input and output alike, and output rows
+    of block g must take input rows of block g. That holds for every row gather the methods do —
+    resampling, sd-multi's winner broadcast, fanning a prompt out to its particles — as long as each
+    data shard holds whole requests (B % G == 0, checked by `smcsd.decode`): particles are only ever
+    gathered from their own request. Written with `jax.shard_map` over the cache's own layout (rows
+    over data, KV heads over model), so each device gathers its own block and nothing is
+    communicated (GSPMD, left to itself, may all-gather the cache's heads around a batched gather).
+    An index outside its block would read out of range and fill the rows with NaN, never another
+    shard's rows silently.
+    """
+    lay = _ACTIVE.get()
+    if lay is None:
+        return None
+    G = lay.data
+    R_in, R_out = cache.k.shape[1], index.shape[0]
+    if R_in % G or R_out % G:
+        return None
+    kv_spec, len_spec = cache_spec(cache.k.shape[3], lay.mesh)
+    idx_spec = P(DATA if G > 1 else None)
+
+    def local(k, v, lengths, idx):
+        j = idx - jax.lax.axis_index(DATA) * k.shape[1]  # global row -> row within this shard's block
+        return (jnp.take(k, j, axis=1, mode="fill"), jnp.take(v, j, axis=1, mode="fill"),
+                jnp.take(lengths, j, axis=0, mode="fill"))
+
+    k, v, lengths = _shard_map(local, lay.mesh, (kv_spec, kv_spec, len_spec, idx_spec),
+                               (kv_spec, kv_spec, len_spec))(cache.k, cache.v, cache.lengths, index)
+    return constrain_cache(cache.replace(k=k, v=v, lengths=lengths))
+
+
+def _shard_map(fn, mesh, in_specs, out_specs):
+    if hasattr(jax, "shard_map"):
+        return jax.shard_map(fn, mesh=mesh, in_specs=in_specs, out_specs=out_specs)
+    from jax.experimental.shard_map import shard_map  # jax < 0.7
+
+    return shard_map(fn, mesh=mesh, in_specs=in_specs, out_specs=out_specs)
+
+
+# --------------------------------------------------------------------------------------- loading
+
+def load_sharded(path: str, mesh: Mesh, dtype: str | None = None, *, tokenizer: bool = True,
+                 name: str | None = None):
+    """Load a local Hugging Face checkpoint (as `models.from_pretrained` reads it) straight into the
+    tensor-parallel layout on `mesh`: every param is built with `jax.make_array_from_callback`, whose
+    callback reads only the block one device holds (`safe_open(...).get_slice`), so neither the host
+    nor any device ever materialises a whole sharded tensor. Replicated params (norms, undividable
+    dims) are read once per distinct block. Multi-host: each process reads only its devices' blocks.
+
+    Reuses the reading helpers of `models/hf.py` (config parsing, the HF-name -> param-slot map,
+    shard discovery, tokenizer) so both loaders accept exactly the same checkpoints.
+    """
+    from safetensors import safe_open
+
+    from . import hf
+    from .lm import LanguageModel
+
+    path = os.fspath(path)
+    config, arch, expected, found, files = _scan_checkpoint(hf, path, dtype)
+    np_dtype = hf._NP_DTYPES[config.dtype]
+    L = config.num_hidden_layers
+    specs = param_specs(_abstract_params(config), axis_size(mesh, MODEL), config)
+
+    # param path -> its slots: one (unstacked) or L (stacked, indexed by layer)
+    slots: dict[tuple, dict] = {}
+    for key, slot in expected.items():
+        if slot.path is None:
+            continue
+        slots.setdefault(slot.path, {})[slot.layer] = (key, slot)
+
+    with contextlib.ExitStack() as stack:
+        handles = {fname: stack.enter_context(safe_open(os.path.join(path, fname), framework="numpy"))
+                   for fname in files}
+        # o_proj biases the attention doesn't have must be zero (same rule as from_pretrained).
+        for key, slot in expected.items():
+            if slot.zero_only and np.any(handles[found[key]].get_tensor(key).astype(np.float32) != 0):
+                raise ValueError(f"tensor {key!r} is a non-zero o_proj bias, which smcsd's attention does not "
+                                 "have (only q/k/v bias is supported)")
+
+        def read(key, slot, idx):
+            """Block `idx` (slices of our param layout, without the layer dim) of HF tensor `key`."""
+            sl = handles[found[key]].get_slice(key)
+            if slot.transpose:  # ours [in, out] = HF [out, in].T
+                return np.asarray(sl[idx[1], idx[0]]).T
+            return np.asarray(sl[idx] if len(idx) > 1 else sl[idx[0]])
+
+        def build(ppath, by_layer):
+            first = next(iter(by_layer.values()))[1]
+            shape = hf._param_shape(first, L)
+            spec = _get(specs, ppath)
+            memo: dict = {}
+
+            def callback(index):
+                index = tuple(slice(*s.indices(n)) for s, n in zip(index, shape))
+                k = tuple((s.start, s.stop) for s in index)
+                if k not in memo:
+                    if first.layer is None:
+                        block = read(by_layer[None][0], first, index)
+                    else:
+                        layers = range(L)[index[0]]
+                        block = np.stack([read(*by_layer[i], index[1:]) for i in layers])
+                    memo[k] = np.ascontiguousarray(block.astype(np_dtype, copy=False))
+                return memo[k]
+
+            return jax.make_array_from_callback(shape, NamedSharding(mesh, spec), callback)
+
+        params: dict = {}
+        for ppath, by_layer in slots.items():
+            hf._set(params, ppath, build(ppath, by_layer))
+
+    tok = hf._load_tokenizer(path, config) if tokenizer else None
+    return LanguageModel(config=config, params=params, tokenizer=tok,
+                         name=name or os.path.basename(os.path.normpath(path)))
+
+
+def _get(tree, path):
+    for k in path:
+        tree = tree[k]
+    return tree
+
+
+def _scan_checkpoint(hf, path: str, dtype):
+    """Config, family, expected tensors and where each one is (headers only), checked like
+    `from_pretrained` does: missing / unexpected / misshapen tensors are a ValueError naming the key."""
+    import json
+
+    from safetensors import safe_open
+
+    for helper in ("config_from_hf", "_arch_of", "_tensor_map", "_safetensors_files", "_param_shape", "_set",
+                   "_load_tokenizer", "_NP_DTYPES", "_IGNORED_SUFFIXES"):
+        if not hasattr(hf, helper):
+            raise RuntimeError(f"models.hf no longer provides {helper!r}, which load_sharded reuses; "
+                               "update models/sharding.py")
+    if not os.path.isdir(path):
+        raise FileNotFoundError(f"checkpoint directory not found: {path}")
+    cfg_path = os.path.join(path, "config.json")
+    if not os.path.isfile(cfg_path):
+        raise FileNotFoundError(f"no config.json in {path}: a Hugging Face checkpoint directory needs one")
+    with open(cfg_path) as f:
+        raw = json.load(f)
+    config = hf.config_from_hf(raw, dtype, where=cfg_path)
+    arch = hf._arch_of(raw, cfg_path)
+    expected = hf._tensor_map(config, arch)
+    files, _ = hf._safetensors_files(path)
+    found: dict[str, str] = {}
+    shapes: dict[str, tuple] = {}
+    for fname in files:
+        with safe_open(os.path.join(path, fname), framework="numpy") as f:
+            for key in f.keys():
+                if key in found:
+                    raise ValueError(f"tensor {key!r} appears in both {found[key]!r} and {fname!r}")
+                found[key] = fname
+                shapes[key] = tuple(f.get_slice(key).get_shape())
+    skipped = {k for k in found if k.endswith(hf._IGNORED_SUFFIXES)}
+    if config.tie_word_embeddings and "lm_head.weight" in found:
+        skipped.add("lm_head.weight")
+    missing = sorted(set(expected) - set(found))
+    if missing:
+        raise ValueError(f"checkpoint {path} is missing tensor(s) {missing[:8]} required by its config")
+    unexpected = sorted(set(found) - set(expected) - skipped)
+    if unexpected:
+        raise ValueError(f"checkpoint {path} has unexpected tensor(s) {unexpected[:8]} that its config does not use")
+    for key, slot in expected.items():
+        if shapes[key] != tuple(slot.shape):
+            raise ValueError(f"tensor {key!r} in {found[key]!r} has shape {list(shapes[key])}, "
+                             f"expected {list(slot.shape)} from config.json")
+    return config, arch, expected, found, files

@@ -1,0 +1,281 @@
+"""The exact speculative baselines: `sd` (one draft, rejection sampling) and `sd-multi` (N
+independent drafts, recursive rejection sampling down the draft tree).
+
+Both keep the output distribution equal to `ar`'s (the processed target p_T, top-k/top-p and
+temperature 0 included) and run as one jitted program: prefill, then a `lax.while_loop` of cycles
+
+    draft K tokens (`drafter.propose`) -> one target call on [x0, x1..xK] -> accept a prefix of
+    n tokens plus one correction/bonus token c -> roll both caches back by setting lengths.
+
+Cache bookkeeping per row, with T the target length before the cycle (it excludes the pending x0):
+target length -> T + 1 + n and pending -> c; draft: if n == K the draft never saw x_K, so feed
+[x_K, c] next cycle (count 2) and keep its length at T + K, else set it to T + 1 + n and feed [c].
+In both cases draft length = new target length + 1 - feed count. Rows that are done keep every
+length, pending token and feed as they were (their cache writes land past the length: stale).
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+
+from models import KVCache, forward_cached
+
+from .drafter import initial_feed, propose
+from .engine import MethodDef, ProgramInputs, StaticSpec, first_stop_count, is_stop, prefill, register_method, \
+    write_tokens
+from .sampling import process_logits, sample
+
+
+# ----------------------------------------------------------------------------- the acceptance math
+
+def accept_test(u, p_x, q_x):
+    """Accept a drafted token x with probability min(1, p(x)/q(x)), given u ~ U[0, 1).
+
+    Written as u·q(x) < p(x): no division, p(x) = 0 always rejects, and q(x) = 0 (an underflowed
+    draft probability) accepts whenever p(x) > 0. Leviathan et al. 2023, Alg. 1; Chen et al. 2023.
+    Module-level so the tests can swap in a broken rule and check that the exactness test catches it.
+    """
+    return u * q_x < p_x
+
+
+def residual(p, q):
+    """norm(max(0, p - q)) over the last axis: the distribution to sample after rejecting a q-draft.
+
+    Its mass is the total variation between p and q; it is 0 only when p == q, in which case a
+    rejection cannot happen (every draft is accepted), so fall back to p rather than divide by 0.
+    """
+    r = jnp.maximum(p - q, 0.0)
+    z = jnp.sum(r, axis=-1, keepdims=True)
+    ok = z > 0
+    return jnp.where(ok, r / jnp.where(ok, z, 1.0), p)
+
+
+def _take(probs, tokens):
+    """probs[..., tokens] along the last axis."""
+    return jnp.take_along_axis(probs, tokens[..., None], axis=-1)[..., 0]
+
+
+def _sample_probs(key, probs):
+    return sample(key, jnp.log(probs))
+
+
+# ----------------------------------------------------------------------------- shared loop pieces
+
+class _State(NamedTuple):
+    target_cache: KVCache
+    draft_cache: KVCache
+    tok: jax.Array  # int32[B]: pending token x0 (emitted, not yet in the target cache)
+    feed: jax.Array  # int32[B, 2]: tokens the draft cache still has to take (pending x_K and/or x0)
+    feed_count: jax.Array  # int32[B] in {1, 2}
+    out: jax.Array  # int32[B, out_len]
+    n: jax.Array  # int32[B]: tokens emitted so far
+    done: jax.Array  # bool[B]
+    key: jax.Array
+    calls: jax.Array  # int32[]: batched target calls in the loop
+    live_calls: jax.Array  # int32[B]
+    drafts: jax.Array  # int32[]: draft blocks (one per live request per cycle)
+    accepted: jax.Array  # int32[]
+    per_position: jax.Array  # int32[K]
+
+
+def _start(target_cfg, draft_cfg, target_params, draft_params, inp: ProgramInputs, spec: StaticSpec, rows: int):
+    """Prefill both models (`rows` cache rows per request) and sample the first token per request."""
+    B, K = spec.batch, spec.num_speculative_tokens
+    last, tcache = prefill(target_cfg, target_params, inp.prompt, inp.prompt_len, spec.cache_len, rows)
+    _, dcache = prefill(draft_cfg, draft_params, inp.prompt, inp.prompt_len, spec.cache_len, rows)
+    key, sub = jax.random.split(inp.key)
+    tok = sample(sub, process_logits(last[::rows], inp.sampling))  # one first token per request
+    out = jnp.full((B, spec.out_len), -1, jnp.int32).at[:, 0].set(tok)
+    n = jnp.ones((B,), jnp.int32)
+    done = is_stop(tok, inp.stop_ids) | (n >= inp.max_new_tokens)
+    feed, feed_count = initial_feed(tok)
+    zero = jnp.int32(0)
+    return _State(tcache, dcache, tok, feed, feed_count, out, n, done, key, zero, jnp.zeros((B,), jnp.int32),
+                  zero, zero, jnp.zeros((K,), jnp.int32))
+
+
+def _finish_cycle(s: _State, inp: ProgramInputs, K: int, n_acc, path, c, tlen_before, dlen_before):
+    """Emit path[:n] + [c] for live rows (clipped to max_new_tokens and the first stop token), update
+    pending token / feed / done / stats. Returns (state without caches updated, new target lengths,
+    new draft lengths), all per request."""
+    live = ~s.done
+    new = jnp.concatenate([path, jnp.zeros_like(path[:, :1])], axis=1)  # [B, K+1]
+    new = jnp.where(jnp.arange(K + 1)[None, :] == n_acc[:, None], c[:, None], new)
+    count = jnp.minimum(n_acc + 1, inp.max_new_tokens - s.n)
+    count, stopped = first_stop_count(new, count, inp.stop_ids)
+    count = jnp.where(live, count, 0)
+    out = write_tokens(s.out, s.n, new, count)
+    n = s.n + count
+    done = s.done | (live & stopped) | (n >= inp.max_new_tokens)
+
+    full = n_acc == K
+    tlen = jnp.where(live, tlen_before + 1 + n_acc, tlen_before)
+    feed_count = jnp.where(live, jnp.where(full, 2, 1), s.feed_count)
+    next_feed = jnp.where(full[:, None], jnp.stack([path[:, K - 1], c], axis=1),
+                          jnp.stack([c, jnp.zeros_like(c)], axis=1))
+    feed = jnp.where(live[:, None], next_feed, s.feed)
+    dlen = jnp.where(live, tlen + 1 - feed_count, dlen_before)
+    tok = jnp.where(live, c, s.tok)
+
+    n_live = jnp.sum(live.astype(jnp.int32))
+    acc_live = jnp.where(live, n_acc, 0)
+    per_position = s.per_position + jnp.sum(
+        (live[:, None] & (n_acc[:, None] > jnp.arange(K)[None, :])).astype(jnp.int32), axis=0)
+    s = s._replace(tok=tok, feed=feed, feed_count=feed_count, out=out, n=n, done=done, calls=s.calls + 1,
+                   live_calls=s.live_calls + live, drafts=s.drafts + n_live,
+                   accepted=s.accepted + jnp.sum(acc_live), per_position=per_position)
+    return s, tlen, dlen
+
+
+def _result(s: _State, K: int):
+    return {"tokens": s.out, "lengths": s.n,
+            "stats": {"num_target_calls": s.calls, "live_calls": s.live_calls,
+                      "num_draft_calls": K * s.calls,  # K batched draft calls per cycle
+                      "num_drafts": s.drafts, "num_draft_tokens": K * s.drafts,
+                      "num_accepted_tokens": s.accepted, "accepted_per_position": s.per_position}}
+
+
+# ----------------------------------------------------------------------------- sd
+
+def build_sd(target_cfg, draft_cfg, spec: StaticSpec):
+    """Speculative decoding with one draft per request (Leviathan et al. 2023; Chen et al. 2023)."""
+    B, K = spec.batch, spec.num_speculative_tokens
+
+    def program(target_params, draft_params, inp: ProgramInputs):
+        state = _start(target_cfg, draft_cfg, target_params, draft_params, inp, spec, rows=1)
+
+        def body(s: _State) -> _State:
+            key, k_draft, k_accept, k_corr = jax.random.split(s.key, 4)
+            live = ~s.done
+            tlen_before, dlen_before = s.target_cache.lengths, s.draft_cache.lengths
+            prop = propose(draft_cfg, draft_params, s.draft_cache, s.feed, s.feed_count, k_draft,
+                           inp.draft_sampling, K)
+            x = prop.tokens  # [B, K]
+            block = jnp.concatenate([s.tok[:, None], x], axis=1)
+            logits, tcache = forward_cached(target_cfg, target_params, block, s.target_cache,
+                                            num_valid=jnp.where(live, K + 1, 0))
+            p = jnp.exp(process_logits(logits, inp.sampling))  # [B, K+1, V]
+            q = jnp.exp(prop.logq)  # [B, K, V]
+            u = jax.random.uniform(k_accept, (B, K))
+            ok = accept_test(u, _take(p[:, :K], x), _take(q, x))
+            n_acc = jnp.sum(jnp.cumprod(ok.astype(jnp.int32), axis=1), axis=1)  # leading accepts
+            # Correction at the first rejected position n: norm(max(0, p_n - q_n)); with n == K the
+            # "q" is 0 and the residual is p_K itself, the bonus distribution.
+            q_pad = jnp.concatenate([q, jnp.zeros_like(q[:, :1])], axis=1)
+            p_n = jnp.take_along_axis(p, n_acc[:, None, None], axis=1)[:, 0]
+            q_n = jnp.take_along_axis(q_pad, n_acc[:, None, None], axis=1)[:, 0]
+            c = _sample_probs(k_corr, residual(p_n, q_n))
+
+            s = s._replace(key=key)
+            s, tlen, dlen = _finish_cycle(s, inp, K, n_acc, x, c, tlen_before, dlen_before)
+            return s._replace(target_cache=tcache.set_lengths(tlen), draft_cache=prop.cache.set_lengths(dlen))
+
+        state = jax.lax.while_loop(lambda s: ~jnp.all(s.done), body, state)
+        return _result(state, K)
+
+    return program
+
+
+# ----------------------------------------------------------------------------- sd-multi
+
+def rrs_walk(X, p, q, u, accept=None):
+    """Recursive rejection sampling down the tree of N independent drafts per request.
+
+    X int32[B, N, K] drafts, p float32[B, N, K+1, V] target probabilities at each draft's positions,
+    q float32[B, N, K, V] draft probabilities, u float32[B, K, N] uniforms. Returns (n accepted [B],
+    accepted path int32[B, K] (valid up to n), distribution of the correction/bonus token [B, V],
+    winning draft index [B] whose caches hold the accepted path).
+
+    At depth k the surviving drafts (prefix == accepted path) share one context, so p and q at depth
+    k are the same for all of them: take them from the first survivor. Their depth-k tokens are
+    i.i.d. q given the history, so trying each in index order — accept x w.p. min(1, r(x)/q(x)),
+    else r <- norm(max(0, r - q)) — and sampling from the final residual if all fail yields exactly
+    p (SpecTr, Sun et al. 2023, "multi-round" RRS; SpecInfer, Miao et al. 2023). Duplicates need no
+    special case: x can only be rejected if r(x) < q(x), after which the residual has r(x) = 0, so a
+    later copy of x is rejected for sure; the residual update must still be applied for that trial
+    (the proof treats every i.i.d. trial alike; skipping duplicates would bias the output).
+    """
+    accept = accept_test if accept is None else accept
+    B, N, K = X.shape
+    bi = jnp.arange(B)
+    alive = jnp.ones((B, N), bool)
+    active = jnp.ones((B,), bool)  # still walking (no rejection yet)
+    n_acc = jnp.zeros((B,), jnp.int32)
+    path = jnp.zeros((B, K), jnp.int32)
+    r_final = jnp.zeros(p.shape[:1] + p.shape[-1:], p.dtype)
+    for k in range(K):
+        rep = jnp.argmax(alive, axis=1)  # first survivor
+        p_k, q_k = p[bi, rep, k], q[bi, rep, k]  # [B, V]
+        r = p_k
+        acc = jnp.zeros((B,), bool)
+        tok_k = jnp.zeros((B,), jnp.int32)
+        for i in range(N):
+            x = X[:, i, k]
+            trial = alive[:, i] & ~acc
+            a = trial & accept(u[:, k, i], _take(r, x), _take(q_k, x))
+            tok_k = jnp.where(a, x, tok_k)
+            acc = acc | a
+            r = jnp.where((trial & ~a)[:, None], residual(r, q_k), r)
+        r_final = jnp.where((active & ~acc)[:, None], r, r_final)
+        step = active & acc
+        n_acc = n_acc + step
+        path = path.at[:, k].set(tok_k)
+        alive = jnp.where(step[:, None], alive & (X[:, :, k] == tok_k[:, None]), alive)
+        active = step
+    winner = jnp.argmax(alive, axis=1)  # a draft holding the accepted path (the last acceptor if n == K)
+    r_final = jnp.where(active[:, None], p[bi, winner, K], r_final)
+    return n_acc, path, r_final, winner
+
+
+def build_sd_multi(target_cfg, draft_cfg, spec: StaticSpec):
+    """Multi-draft speculative decoding: N independent drafts per request (rows b*N .. b*N+N-1), all
+    B·N·(K+1) tokens verified in one target call, accepted by `rrs_walk`; the winner's caches are
+    then gathered to all N rows of its request and rolled back by lengths like `sd`."""
+    B, K, N = spec.batch, spec.num_speculative_tokens, spec.num_particles
+
+    def program(target_params, draft_params, inp: ProgramInputs):
+        state = _start(target_cfg, draft_cfg, target_params, draft_params, inp, spec, rows=N)
+
+        def body(s: _State) -> _State:
+            key, k_draft, k_accept, k_corr = jax.random.split(s.key, 4)
+            live = ~s.done
+            tlen_before, dlen_before = s.target_cache.lengths[::N], s.draft_cache.lengths[::N]
+            prop = propose(draft_cfg, draft_params, s.draft_cache, jnp.repeat(s.feed, N, axis=0),
+                           jnp.repeat(s.feed_count, N), k_draft, inp.draft_sampling, K)
+            block = jnp.concatenate([jnp.repeat(s.tok, N)[:, None], prop.tokens], axis=1)  # [R, K+1]
+            logits, tcache = forward_cached(target_cfg, target_params, block, s.target_cache,
+                                            num_valid=jnp.repeat(jnp.where(live, K + 1, 0), N))
+            V = logits.shape[-1]
+            p = jnp.exp(process_logits(logits, inp.sampling)).reshape(B, N, K + 1, V)
+            q = jnp.exp(prop.logq).reshape(B, N, K, V)
+            X = prop.tokens.reshape(B, N, K)
+            u = jax.random.uniform(k_accept, (B, K, N))
+            n_acc, path, r_final, winner = rrs_walk(X, p, q, u)
+            c = _sample_probs(k_corr, r_final)
+
+            s = s._replace(key=key)
+            # num_drafts counts one draft *tree* per live request per cycle (not N), so
+            # mean_acceptance_length = 1 + accepted / num_drafts compares directly with `sd`.
+            s, tlen, dlen = _finish_cycle(s, inp, K, n_acc, path, c, tlen_before, dlen_before)
+            rows = jnp.repeat(jnp.arange(B) * N + winner, N)  # every row of a request <- its winner
+            tcache = tcache.gather(rows).set_lengths(jnp.repeat(tlen, N))
+            dcache = prop.cache.gather(rows).set_lengths(jnp.repeat(dlen, N))
+            return s._replace(target_cache=tcache, draft_cache=dcache)
+
+        state = jax.lax.while_loop(lambda s: ~jnp.all(s.done), body, state)
+        return _result(state, K)
+
+    return program
+
+
+def _headroom(num_speculative_tokens, num_particles):
+    """A cycle writes K+1 target tokens (and emits up to K+1) past a live row's position."""
+    del num_particles
+    return num_speculative_tokens + 1
+
+
+SD = register_method(MethodDef(name="sd", build=build_sd, needs_draft=True, headroom=_headroom))
+SD_MULTI = register_method(MethodDef(name="sd-multi", build=build_sd_multi, needs_draft=True, headroom=_headroom))
