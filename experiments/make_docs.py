@@ -1,0 +1,347 @@
+"""Regenerate docs/benchmarks.md: run the speed benchmark(s), then write the page from the JSON results.
+
+    python experiments/make_docs.py              # full grid (minutes to an hour on a small CPU)
+    python experiments/make_docs.py --quick      # a 4-cell grid, B=1, 32 tokens: a couple of minutes
+    python experiments/make_docs.py --with-eval  # also run eval_arith for every plotted method/N/K
+    python experiments/make_docs.py --no-run     # only rewrite the page from the JSON already there
+
+Steps:
+1. `bench_speed` on the shipped tiny-code pair (a random pair if it isn't shipped) ->
+   experiments/results/bench_speed.json (quick: experiments/results/quick/bench_speed.json).
+2. If the tiny-arith pair is shipped and accuracy results exist (experiments/results/arith/*.json, or
+   fresh ones with --with-eval), `bench_speed` on tiny-arith with those results -> the
+   speed-vs-accuracy plot docs/figures/pareto_arith.png and its table.
+3. Reads, when present, the JSON of experiments/exactness.py, roofline.py, cost_model.py,
+   bench_pair_cost.py, bench_ar.py and bench_resample.py (experiments/results/{exactness,roofline,
+   cost_model,pair_cost,bench_ar,bench_resample}.json; see OTHER_RESULTS) and renders them as tables
+   (a result JSON with a top-level "markdown" string is included verbatim); absent ones are skipped.
+4. Writes docs/benchmarks.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import glob
+import json
+import math
+import os
+import shutil
+import sys
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if REPO not in sys.path:
+    sys.path.insert(0, REPO)
+
+RESULTS = os.path.join(REPO, "experiments", "results")
+DOCS = os.path.join(REPO, "docs")
+FIGURES = os.path.join(DOCS, "figures")
+# (file under experiments/results, section title, the script that writes it, preferred table columns or None)
+OTHER_RESULTS = [
+    ("exactness.json", "Exactness: distance of each method's samples to p_T", "experiments/exactness.py",
+     ["setting", "label", "samples", "tv", "noise_tv", "noise_bound", "within_noise", "chi2_per_df", "pvalue",
+      "acceptance_rate"]),
+    ("roofline.json", "Roofline", "experiments/roofline.py", None),
+    ("cost_model.json", "Cost model", "experiments/cost_model.py", None),
+    ("bench_sd.json", "Exact speculative baselines (sd, sd-multi) vs ar", "experiments/bench_sd.py", None),
+    ("pair_cost.json", "Per-token cost of draft vs target", "experiments/bench_pair_cost.py", None),
+    ("bench_ar.json", "ar alone: compile time and tokens/s", "experiments/bench_ar.py", None),
+    ("bench_resample.json", "Resampling schemes", "experiments/bench_resample.py", None),
+]
+
+FULL = dict(methods=["ar", "sd", "sd-multi", "smc"], particles=[4, 8], spec_tokens=[2, 4], batch_sizes=[1, 8],
+            max_new_tokens=64, repeats=5, warmup=1)
+QUICK = dict(methods=["ar", "sd", "sd-multi", "smc"], particles=[4], spec_tokens=[4], batch_sizes=[1],
+             max_new_tokens=32, repeats=2, warmup=1)
+# The (method, N, K) points of the speed-vs-accuracy plot on tiny-arith (eval_arith runs one per point).
+ARITH_FULL = [("ar", None, None), ("sd", None, 4), ("sd-multi", 4, 4), ("smc", 2, 4), ("smc", 4, 4), ("smc", 8, 4),
+              ("smc", 4, 2)]
+ARITH_QUICK = [("ar", None, None), ("sd", None, 4), ("smc", 4, 4)]
+
+
+def _list(xs) -> list[str]:
+    return [str(x) for x in xs]
+
+
+def cell_spec(method, n, k) -> str:
+    return method + (f",N={n}" if n else "") + (f",K={k}" if k else "")
+
+
+def run_bench(out: str, model: str, grid: dict, *, temperature: float, accuracy: list[str] | None = None,
+              plot: str | None = None, progress: bool = True, cells: list | None = None) -> dict:
+    from experiments import bench_speed
+    argv = ["--model", model]
+    if cells:
+        argv += ["--cells", *[cell_spec(*c) for c in cells]]
+    else:
+        argv += ["--methods", *grid["methods"], "--num-particles", *_list(grid["particles"]),
+                 "--num-speculative-tokens", *_list(grid["spec_tokens"])]
+    argv += ["--batch-sizes", *_list(grid["batch_sizes"]),
+            "--max-new-tokens", str(grid["max_new_tokens"]), "--repeats", str(grid["repeats"]),
+            "--warmup", str(grid["warmup"]), "--temperature", str(temperature), "--out", out]
+    if accuracy:
+        argv += ["--accuracy", *accuracy, "--plot", plot]
+    if not progress:
+        argv.append("--no-progress")
+    print("+ bench_speed", " ".join(argv), flush=True)
+    bench_speed.main(argv)
+    with open(out) as f:
+        return json.load(f)
+
+
+def run_evals(points, out_dir: str, *, limit: int, temperature: float, progress: bool) -> list[str]:
+    from experiments import eval_arith
+    paths = []
+    for method, n, k in points:
+        name = method + (f"_N{n}" if n else "") + (f"_K{k}" if k else "") + f"_T{temperature}_n{limit}.json"
+        path = os.path.join(out_dir, name)
+        argv = ["--method", method, "--temperature", str(temperature), "--limit", str(limit), "--out", path,
+                "--batch-size", str(min(64, limit))]
+        if n:
+            argv += ["--num-particles", str(n)]
+        if k:
+            argv += ["--num-speculative-tokens", str(k)]
+        if not progress:
+            argv.append("--no-progress")
+        print("+ eval_arith", " ".join(argv), flush=True)
+        eval_arith.main(argv)
+        paths.append(path)
+    return paths
+
+
+# ----------------------------------------------------------------------------------- rendering
+
+def _cell(v) -> str:
+    if v is None:
+        return "–"
+    if isinstance(v, bool):
+        return "yes" if v else "no"
+    if isinstance(v, float):
+        if math.isnan(v):
+            return "–"
+        return f"{v:.3g}" if abs(v) < 1e3 else f"{v:.0f}"
+    if isinstance(v, (list, dict)):
+        return "…"
+    return str(v).replace("|", "\\|").replace("\n", " ")
+
+
+def _flatten(d: dict, prefix: str = "") -> dict:
+    out = {}
+    for k, v in d.items():
+        name = f"{prefix}{k}"
+        if isinstance(v, dict):
+            out.update(_flatten(v, name + "."))
+        elif not isinstance(v, list):
+            out[name] = v
+    return out
+
+
+def table(rows: list[dict], columns: list[str] | None = None, max_columns: int = 14) -> str:
+    flat = [_flatten(r) for r in rows]
+    if columns is None:
+        columns = []
+        for r in flat:
+            columns += [c for c in r if c not in columns]
+        columns = columns[:max_columns]
+    lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
+    lines += ["| " + " | ".join(_cell(r.get(c)) for c in columns) + " |" for r in flat]
+    return "\n".join(lines)
+
+
+def render_generic(obj, columns: list[str] | None = None) -> str:
+    """Best-effort markdown for a result JSON of unknown layout: its own `markdown` if it has one, else its
+    scalar settings as a list, each list of records as a table (`columns` first choice, where present),
+    each mapping of records as a table."""
+    def records(rows):
+        cols = None
+        if columns:
+            have = set().union(*(_flatten(r) for r in rows))
+            cols = [c for c in columns if c in have] or None
+        return table(rows, cols)
+
+    if isinstance(obj, list):
+        return records([o for o in obj if isinstance(o, dict)]) if any(isinstance(o, dict) for o in obj) else ""
+    if not isinstance(obj, dict):
+        return f"`{obj!r}`"
+    if isinstance(obj.get("markdown"), str):
+        return obj["markdown"]
+    parts, scalars = [], []
+    for k, v in obj.items():
+        if isinstance(v, list) and v and all(isinstance(x, dict) for x in v):
+            parts.append(f"**{k}**\n\n" + records(v))
+        elif isinstance(v, dict) and v and all(isinstance(x, dict) for x in v.values()):
+            parts.append(f"**{k}**\n\n" + table([{"": name, **x} for name, x in v.items()]))
+        elif isinstance(v, dict):
+            scalars += [(f"{k}.{kk}", vv) for kk, vv in _flatten(v).items()]
+        elif not isinstance(v, list):
+            scalars.append((k, v))
+    head = "\n".join(f"- {k}: {_cell(v)}" for k, v in scalars[:20])
+    return "\n\n".join(p for p in [head, *parts] if p)
+
+
+def bench_section(res: dict, rel_json: str) -> str:
+    from experiments.bench_speed import markdown_table
+    s = res["settings"]
+    m = res["model"]
+    lines = [f"Model pair **{m['name']}** (target {m['target_params'] / 1e6:.2f}M params"
+             + (f", draft {m['draft_params'] / 1e6:.2f}M" if m.get("draft_params") else "")
+             + f") on `{res['device']}`, "
+             f"jax {res['jax_version']}, {res['created']}. Temperature {s['temperature']}, top-k {s['top_k']}, "
+             f"top-p {s['top_p']}; {s['max_new_tokens']} new tokens per request "
+             + ("(EOS honoured)" if s.get("stop_at_eos") else "(EOS ignored)")
+             + f"; tokens/s = median of {s['repeats']} interleaved rounds after {s['warmup']} warm-up run(s). "
+             f"Raw numbers: [`{rel_json}`](../{rel_json}).", ""]
+    if m["name"] == "random":
+        lines += ["> **Random, untrained pair** (the shipped pair was not installed when this ran): acceptance and "
+                  "ESS are not representative of trained models; the costs per call are.", ""]
+    lines += [markdown_table(res["cells"]), ""]
+    return "\n".join(lines)
+
+
+COLUMNS_DOC = """\
+Columns: **B** requests per batch; **N** particles (smc) or drafts (sd-multi); **K** draft tokens per
+target call; **compile** seconds to compile the cell's program; **tokens/s** generated tokens over all
+requests per second of decoding (compile excluded); **speed-up vs ar** the median over rounds of the
+paired ratio to `ar` at the same B; **target calls/token** batched target forward passes (prefill
+included) per generated token of a request (`ar` = 1); **tokens/target call** vLLM's
+`tokens_per_target_call`; **acceptance** accepted / drafted tokens (smc never rejects: below 1 only
+where EOS or max_new_tokens cuts a block);
+**mean accept len** 1 + accepted per draft block; **ESS/N** smc's mean effective sample size over N
+before resampling; **resamples** smc resampling events per call (all requests).
+"""
+
+
+def write_page(path: str, *, mode: str, command: str, code: dict | None, code_json: str | None,
+               arith: dict | None, arith_json: str | None, pareto_png: str | None, others: list) -> None:
+    out = ["# Benchmarks", "",
+           f"Generated by `{command}` ({mode} mode); do not edit by hand — rerun it. The numbers come from "
+           "whatever machine ran it (shown with each table); on a shared CPU they are noisy, and speed-ups "
+           "there say little about an accelerator, where a target call costs far more than a draft call.", ""]
+    out += ["## Speed", ""]
+    if code:
+        out += [bench_section(code, code_json), COLUMNS_DOC]
+    else:
+        out += ["_No speed results (experiments/results/bench_speed.json is missing)._", ""]
+    out += ["## Speed vs accuracy (tiny-arith)", ""]
+    if arith and pareto_png:
+        pts = arith.get("accuracy") or []
+        out += [f"Accuracy: exact match on the tiny-arith test set (`experiments/eval_arith.py`); speed: "
+                f"`bench_speed` on the tiny-arith pair at batch size "
+                f"{arith['settings'].get('plot_batch_size') or max(arith['settings']['batch_sizes'])}. "
+                "Circled points are on the Pareto front (nothing is both faster and more accurate).", "",
+                f"![speed vs accuracy]({os.path.relpath(pareto_png, DOCS)})", "",
+                table(sorted(pts, key=lambda p: -p["tokens_per_s"]),
+                      ["label", "tokens_per_s", "accuracy", "n", "on_front"]), "",
+                bench_section(arith, arith_json)]
+    else:
+        out += ["_Not generated: needs the shipped tiny-arith pair and accuracy results from "
+                "`experiments/eval_arith.py` in experiments/results/arith/ (or run with `--with-eval`)._", ""]
+    for title, script, rel, obj, columns in others:
+        out += [f"## {title}", "", f"From `{script}` ([`{rel}`](../{rel})).", ""]
+        figure = _figure(obj, rel)
+        if figure:
+            out += [f"![{title}]({os.path.relpath(figure, DOCS)})", ""]
+        out += [render_generic(obj, columns), ""]
+    missing = [f"`{script}`" for _, _, script, _ in OTHER_RESULTS if not any(o[1] == script for o in others)]
+    if missing:
+        out += ["## Not included", "", "No results yet from " + ", ".join(missing) + ".", ""]
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path, "w") as f:
+        f.write("\n".join(out).rstrip() + "\n")
+
+
+def _figure(obj, rel_json: str) -> str | None:
+    """A result's own plot (its JSON's `plot` path, when the file exists), copied into docs/figures/."""
+    src = obj.get("plot") if isinstance(obj, dict) else None
+    if not isinstance(src, str):
+        return None
+    src = src if os.path.isabs(src) else os.path.join(REPO, src)
+    if not os.path.isfile(src):
+        return None
+    os.makedirs(FIGURES, exist_ok=True)
+    dst = os.path.join(FIGURES, os.path.splitext(os.path.basename(rel_json))[0] + os.path.splitext(src)[1])
+    if os.path.abspath(src) != os.path.abspath(dst):
+        shutil.copyfile(src, dst)
+    return dst
+
+
+def _load(path):
+    if path and os.path.isfile(path):
+        with open(path) as f:
+            return json.load(f)
+    return None
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--quick", action="store_true", help="a small grid (4 cells, B=1, 32 tokens, 2 rounds)")
+    ap.add_argument("--no-run", action="store_true", help="run nothing: rewrite the page from existing JSON")
+    ap.add_argument("--with-eval", action="store_true", help="run eval_arith for every point of the accuracy plot")
+    ap.add_argument("--eval-limit", type=int, default=None, help="problems per eval (default 500; quick 50)")
+    ap.add_argument("--temperature", type=float, default=0.7)
+    ap.add_argument("--model", default=None, help="pair for the speed table (default tiny-code, else random)")
+    ap.add_argument("--out", default=os.path.join(DOCS, "benchmarks.md"))
+    ap.add_argument("--no-progress", action="store_true")
+    args = ap.parse_args(argv)
+
+    import smcsd
+    shipped = smcsd.available_models()
+    grid = QUICK if args.quick else FULL
+    sub = os.path.join(RESULTS, "quick") if args.quick else RESULTS
+    code_json = os.path.join(sub, "bench_speed.json")
+    arith_json = os.path.join(sub, "bench_speed_arith.json")
+    pareto_png = os.path.join(FIGURES, "pareto_arith.png")
+    progress = not args.no_progress
+
+    if not args.no_run:
+        model = args.model or ("tiny-code" if "tiny-code" in shipped else "random")
+        run_bench(code_json, model, grid, temperature=args.temperature, progress=progress)
+    code = _load(code_json)
+
+    arith = None
+    if "tiny-arith" in shipped:
+        acc_dir = os.path.join(RESULTS, "arith")
+        points = ARITH_QUICK if args.quick else ARITH_FULL
+        if args.with_eval and not args.no_run:
+            limit = args.eval_limit or (50 if args.quick else 500)
+            run_evals(points, os.path.join(acc_dir, "grid"), limit=limit, temperature=args.temperature,
+                      progress=progress)
+        acc_files = sorted(glob.glob(os.path.join(acc_dir, "**", "*.json"), recursive=True))
+        if acc_files and not args.no_run:
+            from experiments.bench_speed import make_key, read_accuracy
+            for e in read_accuracy(acc_files):  # also bench every point that has an accuracy result
+                st = e["settings"]
+                same_t = abs(float(st.get("temperature", -1)) - args.temperature) < 1e-9
+                if st.get("model", "target") == "target" and same_t:
+                    key = make_key(st["method"], st.get("num_particles", 1), st.get("num_speculative_tokens", 1))
+                    points = points + [key] if key not in points else points
+            run_bench(arith_json, "tiny-arith", dict(grid, batch_sizes=[max(grid["batch_sizes"])]),
+                      temperature=args.temperature, accuracy=[acc_dir], plot=pareto_png, progress=progress,
+                      cells=points)
+        arith = _load(arith_json)
+    if arith is None or not arith.get("plot"):
+        pareto_png_used = None
+    else:
+        pareto_png_used = arith["plot"]
+        if os.path.abspath(pareto_png_used) != os.path.abspath(pareto_png):
+            os.makedirs(FIGURES, exist_ok=True)
+            shutil.copyfile(pareto_png_used, pareto_png)
+        pareto_png_used = pareto_png
+
+    others = []
+    for fname, title, script, columns in OTHER_RESULTS:
+        path = os.path.join(RESULTS, fname)
+        obj = _load(path)
+        if obj is not None:
+            others.append((title, script, os.path.relpath(path, REPO), obj, columns))
+    command = "python experiments/make_docs.py" + (" --quick" if args.quick else "") + \
+              (" --with-eval" if args.with_eval else "")
+    write_page(args.out, mode="quick" if args.quick else "full", command=command, code=code,
+               code_json=os.path.relpath(code_json, REPO), arith=arith,
+               arith_json=os.path.relpath(arith_json, REPO) if arith else None, pareto_png=pareto_png_used,
+               others=others)
+    print("wrote", args.out)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

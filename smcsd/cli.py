@@ -1,0 +1,391 @@
+"""The `smcsd` command line: `generate` text, `bench` the methods' speed, `eval` arithmetic accuracy.
+
+    smcsd generate "def fibonacci(n):" --method smc --num-particles 8
+    smcsd bench --methods ar sd smc --batch-sizes 1 4 --out bench.json
+    smcsd eval --method smc --limit 100
+
+`bench` and `eval` run `experiments/bench_speed.py` and `experiments/eval_arith.py` of the source
+checkout (they are scripts, not part of the installed packages). Errors are one line on stderr,
+`smcsd: error: ...`, with a non-zero exit status; never a traceback for a bad argument
+(set SMCSD_DEBUG=1 to see the traceback of a library error).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import functools
+import importlib.util
+import json
+import math
+import os
+import sys
+from pathlib import Path
+
+PROG = "smcsd"
+DEFAULT_MODEL = "tiny-code"
+RANDOM_MODEL = "random"
+KNOWN_METHODS = ("ar", "sd", "sd-multi", "smc")  # for --help only; the registry is the authority
+EXPERIMENTS = {"bench": "bench_speed.py", "eval": "eval_arith.py"}
+
+
+class CLIError(Exception):
+    """A user-facing error: printed as one `smcsd: error: <message>` line."""
+
+
+class OneLineParser(argparse.ArgumentParser):
+    """An ArgumentParser whose errors are one line on stderr (`<prog>: error: ...`), exit status 2."""
+
+    def error(self, message):  # noqa: D102  (argparse API)
+        root = self.prog.split()[0] if self.prog else PROG
+        self.exit(2, f"{root}: error: {_one_line(message)}\n")
+
+
+def _one_line(message) -> str:
+    return " ".join(str(message).split())
+
+
+# ----------------------------------------------------------------------------------- argument types
+
+def _typed(kind, check, what):
+    """An argparse type: convert with `kind`, then require `check(value)`; `what` names the rule."""
+    def convert(text):
+        try:
+            value = kind(text)
+        except (TypeError, ValueError):
+            raise argparse.ArgumentTypeError(f"expected {what}, got {text!r}") from None
+        if not check(value):
+            raise argparse.ArgumentTypeError(f"must be {what}, got {text}")
+        return value
+    convert.__name__ = what  # argparse names the type in some messages
+    return convert
+
+
+positive_int = _typed(int, lambda v: v >= 1, "an integer >= 1")
+nonneg_int = _typed(int, lambda v: v >= 0, "an integer >= 0")
+temperature_type = _typed(float, lambda v: math.isfinite(v) and v >= 0, "a finite number >= 0 (0 means greedy)")
+top_p_type = _typed(float, lambda v: 0 < v <= 1, "a number in (0, 1] (1 disables top-p)")
+fraction_type = _typed(float, lambda v: 0 <= v <= 1, "a number in [0, 1]")
+alpha_type = _typed(float, lambda v: math.isfinite(v) and v > 0, "a finite number > 0")
+
+
+def method_type(text: str) -> str:
+    import smcsd
+    methods = smcsd.available_methods()
+    if text not in methods:
+        raise argparse.ArgumentTypeError(f"unknown method {text!r}; choose one of: {', '.join(methods)}")
+    return text
+
+
+def resampler_type(text: str) -> str:
+    from resample import available_resamplers
+    names = available_resamplers()
+    if text not in names:
+        raise argparse.ArgumentTypeError(f"unknown resampler {text!r}; choose one of: {', '.join(names)}")
+    return text
+
+
+# ----------------------------------------------------------------------------------- models
+
+@functools.lru_cache(maxsize=4)
+def random_pair(seed: int = 0):
+    """A small *randomly initialised* (target, draft) pair on the byte vocabulary: noise text, real timing."""
+    from models import ByteTokenizer, ModelConfig, init_model
+    tok = ByteTokenizer()
+    target = init_model(ModelConfig(vocab_size=tok.vocab_size, hidden_size=128, intermediate_size=384,
+                                    num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2,
+                                    max_position_embeddings=1024), seed, tokenizer=tok, name="random-target")
+    draft = init_model(ModelConfig(vocab_size=tok.vocab_size, hidden_size=64, intermediate_size=128,
+                                   num_hidden_layers=1, num_attention_heads=2, max_position_embeddings=1024),
+                       seed + 1, tokenizer=tok, name="random-draft")
+    return target, draft
+
+
+def load_checkpoint(path: str, flag: str):
+    """A model from a local directory: a Hugging Face checkpoint (config.json with `architectures` or
+    `model_type`, *.safetensors), or one in this project's own format (a `ModelConfig` config.json)."""
+    p = Path(path)
+    if not p.is_dir():
+        raise CLIError(f"{flag} {path}: no such directory (give a local checkpoint directory)")
+    cfg = p / "config.json"
+    if cfg.is_file():
+        try:
+            hf_style = any(k in json.loads(cfg.read_text()) for k in ("architectures", "model_type"))
+        except ValueError as e:
+            raise CLIError(f"{flag} {path}: config.json is not valid JSON ({e})") from None
+        if not hf_style:
+            from models.shipped import load_model_dir
+            return load_model_dir(str(p))
+    try:
+        from models import from_pretrained
+    except ImportError:
+        raise CLIError(f"{flag} needs models.from_pretrained (Hugging Face checkpoint loading), which this "
+                       "installation lacks; use --model NAME instead") from None
+    return from_pretrained(str(p))
+
+
+def load_models(model: str | None = None, target_dir: str | None = None, draft_dir: str | None = None):
+    """(target, draft) from --model NAME (a shipped pair, or 'random') or --target DIR [--draft DIR]."""
+    if target_dir or draft_dir:
+        if model is not None:
+            raise CLIError("give either --model or --target/--draft, not both")
+        if not target_dir:
+            raise CLIError("--draft needs --target (the model whose distribution is sampled)")
+        target = load_checkpoint(target_dir, "--target")
+        draft = load_checkpoint(draft_dir, "--draft") if draft_dir else None
+        return target, draft
+    name = model or DEFAULT_MODEL
+    if name == RANDOM_MODEL:
+        return random_pair()
+    import smcsd
+    have = smcsd.available_models()
+    if name not in have:
+        raise CLIError(f"--model {name}: no such shipped model pair in this installation (available: "
+                       f"{', '.join(have) if have else 'none yet'}); use --model {RANDOM_MODEL} for a random "
+                       "untrained pair, or --target DIR --draft DIR for local checkpoints")
+    return smcsd.load(name)
+
+
+def add_model_args(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("models (default: the shipped tiny-code pair)")
+    g.add_argument("--model", metavar="NAME", default=None,
+                   help=f"a shipped pair (see smcsd.available_models(), e.g. {DEFAULT_MODEL}, tiny-arith) or "
+                        f"'{RANDOM_MODEL}' for a small randomly initialised pair (noise text, real timing)")
+    g.add_argument("--target", metavar="DIR", default=None,
+                   help="a local Hugging Face checkpoint directory (config.json + *.safetensors) as the target")
+    g.add_argument("--draft", metavar="DIR", default=None,
+                   help="a local checkpoint directory as the draft (same vocabulary as the target)")
+
+
+# ----------------------------------------------------------------------------------- generate
+
+def _read_prompts(prompts: list[str]) -> list[str]:
+    if prompts == ["-"]:
+        text = sys.stdin.read()
+        if not text:
+            raise CLIError("PROMPT '-' reads the prompt from stdin, but stdin was empty")
+        return [text]
+    return prompts
+
+
+def _json_safe(obj):
+    """Strict JSON: NaN/inf (e.g. `ar`'s undefined acceptance rate) become null; numpy scalars plain numbers."""
+    if isinstance(obj, dict):
+        return {str(k): _json_safe(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_json_safe(v) for v in obj]
+    if hasattr(obj, "item") and not isinstance(obj, (str, bytes)):
+        obj = obj.item()
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return None
+    return obj
+
+
+def cmd_generate(args) -> int:
+    import smcsd
+    target, draft = load_models(args.model, args.target, args.draft)
+    prompts = _read_prompts(args.prompt)
+    res = smcsd.decode(prompts, target=target, draft=draft, method=args.method,
+                       max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_k=args.top_k,
+                       top_p=args.top_p, seed=args.seed, num_speculative_tokens=args.num_speculative_tokens,
+                       num_particles=args.num_particles, draft_temperature=args.draft_temperature,
+                       ess_threshold=args.ess_threshold, resampler=args.resampler, alpha=args.alpha,
+                       select=args.select)
+    texts = res.texts if res.texts is not None else [" ".join(map(str, t)) for t in res.tokens]
+    if args.json:
+        stats = res.stats.to_dict()
+        print(json.dumps(_json_safe({"prompts": prompts, "texts": texts, "tokens": res.tokens, "stats": stats}),
+                         allow_nan=False))
+        return 0
+    for i, (prompt, text) in enumerate(zip(prompts, texts)):
+        if len(prompts) > 1:
+            print(f"--- [{i}]")
+        print((prompt + text) if args.echo else text)
+    if not args.no_stats:
+        print(res.stats.summary())
+    return 0
+
+
+GENERATE_EPILOG = """\
+examples:
+  smcsd generate "def fibonacci(n):"                        # ar on the shipped tiny-code pair
+  smcsd generate "def f(x):" --method smc --num-particles 8 --num-speculative-tokens 4
+  smcsd generate "def f(x):" --method sd --temperature 0    # greedy: same text as ar
+  smcsd generate $'Q: Tom had 27 toys and sold 6. How many toys are left?\nA:' --model tiny-arith --echo
+  smcsd generate "import os" --model random                 # random untrained pair (noise, real timing)
+  smcsd generate "Hello" --target ./llama-1b --draft ./llama-68m --method smc
+  echo "def main():" | smcsd generate - --json
+
+The text printed is the continuation (with --echo, prompt + continuation), then one line of stats:
+method | tokens | tokens/s | target calls | tokens per target call | acceptance | resamples | compile.
+"""
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = OneLineParser(
+        prog=PROG, formatter_class=argparse.RawDescriptionHelpFormatter,
+        description="smcsd: faster decoding from a target language model with a small draft model, in JAX.\n"
+                    "Methods: ar (exact autoregressive reference), sd (speculative decoding), sd-multi\n"
+                    "(multi-draft speculative decoding), smc (SMC speculative decoding: N particles, K draft\n"
+                    "tokens per cycle, importance weights, resampling, no rollback).",
+        epilog="examples:\n"
+               "  smcsd generate \"def fibonacci(n):\" --method smc --num-particles 4\n"
+               "  smcsd bench --methods ar sd smc --batch-sizes 1 4 --out bench.json\n"
+               "  smcsd eval --method sd --limit 100\n\n"
+               "Run 'smcsd COMMAND --help' for a command's options.")
+    from . import __version__
+    parser.add_argument("--version", action="version", version=f"smcsd {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=OneLineParser)
+
+    g = sub.add_parser("generate", help="decode a prompt and print the text and the stats",
+                       description="Decode PROMPT(s) with one method and print the continuation and a line of "
+                                   "stats.", epilog=GENERATE_EPILOG,
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
+    g.add_argument("prompt", nargs="+", metavar="PROMPT",
+                   help="the prompt text (several PROMPTs decode as one batch; '-' reads one from stdin)")
+    g.add_argument("--method", type=method_type, default="ar", metavar="METHOD",
+                   help=f"one of {', '.join(KNOWN_METHODS)} (default: ar)")
+    g.add_argument("--max-new-tokens", type=positive_int, default=64, metavar="N",
+                   help="tokens to generate per prompt, fewer if EOS comes first (default: 64)")
+    s = g.add_argument_group("sampling: the target distribution p_T every method samples from")
+    s.add_argument("--temperature", type=temperature_type, default=0.7, metavar="T",
+                   help="0 = greedy (default: 0.7)")
+    s.add_argument("--top-k", type=nonneg_int, default=0, metavar="K", help="0 = off (default: 0)")
+    s.add_argument("--top-p", type=top_p_type, default=1.0, metavar="P", help="1 = off (default: 1)")
+    s.add_argument("--seed", type=nonneg_int, default=0, help="random seed (default: 0)")
+    sp = g.add_argument_group("speculative methods (sd, sd-multi, smc)")
+    sp.add_argument("--num-speculative-tokens", "-K", type=positive_int, default=4, metavar="K",
+                    help="draft tokens proposed per target call (default: 4)")
+    sp.add_argument("--num-particles", "-N", type=positive_int, default=4, metavar="N",
+                    help="particles (smc) or drafts (sd-multi) per prompt (default: 4)")
+    sp.add_argument("--draft-temperature", type=temperature_type, default=None, metavar="T",
+                    help="temperature of the draft's proposals (default: --temperature)")
+    sp.add_argument("--ess-threshold", type=fraction_type, default=0.5, metavar="TAU",
+                    help="smc: resample when ESS < TAU*N; 1 always, 0 never (default: 0.5)")
+    sp.add_argument("--resampler", type=resampler_type, default="systematic", metavar="NAME",
+                    help="smc: systematic, stratified, multinomial or residual (default: systematic)")
+    sp.add_argument("--alpha", type=alpha_type, default=1.0,
+                    help="smc: target p_T^alpha (1 = p_T itself; default: 1)")
+    sp.add_argument("--select", choices=("sample", "argmax"), default="sample",
+                    help="smc: output particle drawn by weight, or the heaviest (default: sample)")
+    add_model_args(g)
+    o = g.add_argument_group("output")
+    o.add_argument("--echo", action="store_true", help="print the prompt before the continuation")
+    o.add_argument("--no-stats", action="store_true", help="do not print the stats line")
+    o.add_argument("--json", action="store_true", help="print one JSON object: texts, tokens and all stats")
+    g.set_defaults(func=cmd_generate)
+
+    for name, script in EXPERIMENTS.items():
+        what = ("speed of methods x particles x draft length x batch size: tokens/s, speed-up vs ar, "
+                "target calls per token, acceptance, ESS; JSON, markdown table, speed-vs-accuracy plot"
+                if name == "bench" else
+                "exact-match accuracy of a method on the tiny-arith test set (JSON result)")
+        sub.add_parser(name, help=what, add_help=False,
+                       description=f"Runs experiments/{script}; see 'smcsd {name} --help'.")
+    return parser
+
+
+# ----------------------------------------------------------------------------------- bench / eval
+
+def experiments_dir() -> Path:
+    import smcsd
+    return Path(smcsd.__file__).resolve().parent.parent / "experiments"
+
+
+def load_experiment(script: str):
+    """Import experiments/<script> of the source checkout as a module (it is not an installed package)."""
+    path = experiments_dir() / script
+    if not path.is_file():
+        raise CLIError(f"{path} not found: 'smcsd bench' and 'smcsd eval' run the scripts in experiments/ of "
+                       "the source checkout; install with 'pip install -e .' from a clone of the repository")
+    name = "_smcsd_experiments_" + path.stem
+    if name in sys.modules:
+        return sys.modules[name]
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    try:
+        spec.loader.exec_module(module)
+    except BaseException:
+        del sys.modules[name]
+        raise
+    if not callable(getattr(module, "main", None)):
+        raise CLIError(f"{path} has no main(argv) function")
+    return module
+
+
+@contextlib.contextmanager
+def _as_subcommand(name: str):
+    """While a script's main() runs: its argparse prog reads `smcsd <name>` and its argument errors are
+    one line (`smcsd: error: ...`), like the rest of the CLI."""
+    saved_argv0, saved_error = sys.argv[0] if sys.argv else "", argparse.ArgumentParser.error
+    if sys.argv:
+        sys.argv[0] = f"{PROG} {name}"
+    else:
+        sys.argv.append(f"{PROG} {name}")
+    argparse.ArgumentParser.error = OneLineParser.error
+    try:
+        yield
+    finally:
+        sys.argv[0] = saved_argv0
+        argparse.ArgumentParser.error = saved_error
+
+
+def run_experiment(name: str, argv: list[str]) -> int:
+    module = load_experiment(EXPERIMENTS[name])
+    asks_help = any(a in ("-h", "--help") for a in argv)
+    if name == "eval" and not asks_help and not any(a.startswith("--pair-dir") for a in argv):
+        import smcsd
+        if "tiny-arith" not in smcsd.available_models():
+            raise CLIError("'smcsd eval' needs the shipped tiny-arith pair, which this installation lacks "
+                           "(train it with experiments/train_pair.py), or --pair-dir DIR with target/ and draft/")
+    with _as_subcommand(name):
+        try:
+            out = module.main(argv) if "prog" not in _params(module.main) else module.main(argv, prog=f"{PROG} {name}")
+        except SystemExit as e:  # argparse --help (0) or a usage error (2), already printed
+            return e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+    return out if isinstance(out, int) else 0
+
+
+def _params(fn) -> tuple:
+    import inspect
+    try:
+        return tuple(inspect.signature(fn).parameters)
+    except (TypeError, ValueError):
+        return ()
+
+
+# ----------------------------------------------------------------------------------- main
+
+def error(message) -> int:
+    print(f"{PROG}: error: {_one_line(message)}", file=sys.stderr)
+    return 2
+
+
+def main(argv=None) -> int:
+    """Entry point of the `smcsd` console script and `python -m smcsd`; returns the exit status."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    try:
+        if argv and argv[0] in EXPERIMENTS:  # options belong to the script: pass them through untouched
+            return run_experiment(argv[0], argv[1:])
+        parser = build_parser()
+        try:
+            args = parser.parse_args(argv)
+        except SystemExit as e:
+            return e.code if isinstance(e.code, int) else 0
+        if args.command is None:
+            parser.print_help()
+            return 2
+        return args.func(args)
+    except CLIError as e:
+        return error(e)
+    except (ValueError, TypeError, FileNotFoundError, NotADirectoryError, PermissionError) as e:
+        if os.environ.get("SMCSD_DEBUG"):  # SMCSD_DEBUG=1 smcsd ...: the full traceback, for bug reports
+            raise
+        return error(e)
+    except KeyboardInterrupt:
+        return error("interrupted")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
