@@ -33,11 +33,29 @@ class KVCache:
     def gather(self, index: jax.Array) -> "KVCache":
         """Rows `index` of the cache (the batch axis), e.g. particles picked by their ancestors."""
         index = jnp.asarray(index, jnp.int32)
-        sharded = _sharding.gather_cache_rows(self, index)  # under a mesh layout: within each data shard
+        sharded = _sharding.per_data_shard(KVCache.gather, self, index, global_rows=(0,))  # on a mesh
         if sharded is not None:
             return sharded
         return KVCache(k=jnp.take(self.k, index, axis=1), v=jnp.take(self.v, index, axis=1),
                        lengths=jnp.take(self.lengths, index, axis=0))
+
+    def copy_window(self, src: jax.Array, start: jax.Array, width: int) -> "KVCache":
+        """Row r's slots [start[r], start[r] + width) become row src[r]'s (lengths untouched).
+
+        When rows share everything before `start` (e.g. N drafts of one request after verification),
+        this moves only the `width` new slots per row instead of gathering whole rows: O(width), not
+        O(max_len). Slots past max_len are dropped.
+        """
+        src = jnp.asarray(src, jnp.int32)
+        sharded = _sharding.per_data_shard(lambda c, s, t: c.copy_window(s, t, width), self, src,
+                                           jnp.asarray(start, jnp.int32), global_rows=(0,))  # on a mesh
+        if sharded is not None:
+            return sharded
+        pos = jnp.asarray(start, jnp.int32)[:, None] + jnp.arange(width, dtype=jnp.int32)[None, :]  # [R, W]
+        rows = jnp.arange(self.batch_size)[:, None]
+        take = lambda x: x[:, src[:, None], jnp.minimum(pos, self.max_len - 1)]  # [L, R, W, H, D]
+        put = lambda x, w: x.at[:, rows, pos].set(w, mode="drop")
+        return _sharding.constrain_cache(self.replace(k=put(self.k, take(self.k)), v=put(self.v, take(self.v))))
 
     def set_lengths(self, lengths: jax.Array) -> "KVCache":
         """Roll rows back (or forward over already-written entries) by setting their lengths."""

@@ -260,9 +260,11 @@ def build_sd_multi(target_cfg, draft_cfg, spec: StaticSpec):
             # num_drafts counts one draft *tree* per live request per cycle (not N), so
             # mean_acceptance_length = 1 + accepted / num_drafts compares directly with `sd`.
             s, tlen, dlen = _finish_cycle(s, inp, K, n_acc, path, c, tlen_before, dlen_before)
-            rows = jnp.repeat(jnp.arange(B) * N + winner, N)  # every row of a request <- its winner
-            tcache = tcache.gather(rows).set_lengths(jnp.repeat(tlen, N))
-            dcache = prop.cache.gather(rows).set_lengths(jnp.repeat(dlen, N))
+            # Every row of a request <- its winner. The rows share all slots before this cycle's
+            # writes, so only the K+1 slots written this cycle are copied, not whole cache rows.
+            rows = jnp.repeat(jnp.arange(B) * N + winner, N)
+            tcache = tcache.copy_window(rows, jnp.repeat(tlen_before, N), K + 1).set_lengths(jnp.repeat(tlen, N))
+            dcache = prop.cache.copy_window(rows, jnp.repeat(dlen_before, N), K + 1).set_lengths(jnp.repeat(dlen, N))
             return s._replace(target_cache=tcache, draft_cache=dcache)
 
         state = jax.lax.while_loop(lambda s: ~jnp.all(s.done), body, state)

@@ -16,7 +16,7 @@ import smcsd
 from models import ByteTokenizer, init_model
 from smcsd import engine
 from smcsd import sd as sd_mod
-from tests.toys import chi_square_pvalue, exact_distribution, sample_counts, tiny_config, tiny_pair, total_variation
+from toys import chi_square_pvalue, exact_distribution, sample_counts, tiny_config, tiny_pair, total_variation
 
 # Toy pair for enumeration: vocab 6, seed 2, prompt [0, 1] has a spread-out p_T over the 6**3 = 216
 # continuations (entropy ~2.9 nats; 13 outcomes with mass > 5e-4 remain at top_p = 0.8, 20 at

@@ -33,7 +33,7 @@ from models import forward_cached
 from smcsd import engine
 from smcsd import smc as smc_mod
 from smcsd.sampling import SamplingParams, process_logits
-from tests.toys import chi_square_pvalue, exact_distribution, tiny_pair, total_variation
+from toys import chi_square_pvalue, exact_distribution, tiny_pair, total_variation
 
 # Toy pair: tiny_pair() (vocab 6, seed 0). For the prompt (4, 5) the target's 3-token continuations
 # have entropy ~1.6 nats, the draft is far from it (TV(Q, p_T) ~0.71 with K = 1) and the second
