@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import numbers
 import time
+import warnings
 from typing import Sequence
 
 import jax
@@ -170,13 +171,18 @@ def decode(
     if method == "smc":
         from resample import get_resampler
         get_resampler(resampler)  # raises a clear error naming the valid resamplers
+        if temperature == 0 and draft_temperature == 0:
+            warnings.warn("smc at temperature 0 with a greedy draft: all particles are identical, and a single "
+                          "draft token that differs from the target's argmax gives every particle weight -inf "
+                          "(flagged in stats.all_weights_neg_inf). Use method='sd' for exact greedy decoding, or "
+                          "set draft_temperature > 0 so particles explore.", stacklevel=2)
 
     requests, _ = _normalize_prompts(prompt, target.tokenizer, target.config.vocab_size)
     stops = _stop_ids(eos_id, target.tokenizer, target.config, target.config.vocab_size)
 
     uses_draft = mdef.needs_draft
     K_eff = K if uses_draft else 0
-    N_eff = N if uses_draft else 1
+    N_eff = N if mdef.uses_particles else 1
     headroom = mdef.headroom(K_eff, N_eff)
     longest = max(len(r) for r in requests)
     max_pos = target.config.max_position_embeddings

@@ -58,6 +58,7 @@ class MethodDef:
     needs_draft: bool
     headroom: Callable  # (num_speculative_tokens, num_particles) -> extra cache/output slots
     exact: bool = True
+    uses_particles: bool = False  # num_particles shapes the program (else it is ignored, not compiled in)
 
 
 METHODS: dict[str, MethodDef] = {}

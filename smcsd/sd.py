@@ -280,4 +280,5 @@ def _headroom(num_speculative_tokens, num_particles):
 
 
 SD = register_method(MethodDef(name="sd", build=build_sd, needs_draft=True, headroom=_headroom))
-SD_MULTI = register_method(MethodDef(name="sd-multi", build=build_sd_multi, needs_draft=True, headroom=_headroom))
+SD_MULTI = register_method(MethodDef(name="sd-multi", build=build_sd_multi, needs_draft=True, headroom=_headroom,
+                                           uses_particles=True))

@@ -274,5 +274,5 @@ def build_smc(target_cfg, draft_cfg, spec: StaticSpec):
 
 # Cache headroom: the last cycle writes up to K tokens past max_new_tokens (target: x_0..x_K; the
 # emitted count is cut, the writes are not), so K extra slots keep every write in bounds.
-SMC = register_method(MethodDef(name="smc", build=build_smc, needs_draft=True, headroom=lambda k, n: k,
+SMC = register_method(MethodDef(name="smc", build=build_smc, needs_draft=True, headroom=lambda k, n: k, uses_particles=True,
                                 exact=False))
