@@ -67,7 +67,8 @@ def process_logits(logits: jax.Array, params: SamplingParams) -> jax.Array:
     sorted_logp = jax.nn.log_softmax(jnp.where(in_top_k, sorted_desc, -jnp.inf), axis=-1)
     probs = jnp.exp(sorted_logp)
     mass_before = jnp.cumsum(probs, axis=-1) - probs
-    keep_sorted = in_top_k & (mass_before < params.top_p)
+    # top_p = 1 is "off": in float32 the running mass can reach 1.0 before the tail, which must not cut it.
+    keep_sorted = in_top_k & ((mass_before < params.top_p) | (params.top_p >= 1.0))
     keep_sorted = keep_sorted.at[..., 0].set(True)
     # Threshold = smallest kept sorted logit; mask by value so no scatter back is needed.
     threshold = jnp.min(jnp.where(keep_sorted, sorted_desc, jnp.inf), axis=-1, keepdims=True)

@@ -105,6 +105,13 @@ def test_process_logits_truncation():
     np.testing.assert_allclose(lp(top_k=2).sum(), 1.0, rtol=1e-6)
 
 
+def test_top_p_one_keeps_the_whole_tail():
+    """A peaked distribution whose float32 running mass reaches 1.0 before its tail: top_p = 1 is "off"."""
+    logits = jnp.concatenate([jnp.array([30.0]), jnp.linspace(0.0, -5.0, 255)])[None]
+    logp = np.asarray(process_logits(logits, SamplingParams.make(top_p=1.0)))
+    assert np.all(np.isfinite(logp))
+
+
 def test_sampling_params_do_not_recompile(byte_model):
     kw = dict(target=byte_model, max_new_tokens=5, eos_id=[])
     smcsd.decode("abc", temperature=1.0, **kw)
