@@ -21,13 +21,15 @@ the logits vocab-sharded; the sampler's sort over V then gathers them once per c
 KV caches `[L, B, S, Hkv, hd]` are sharded rows over "data" and KV heads over "model" (when Hkv
 divides), `lengths [B]` rows over "data", matching the q/k/v layout so attention needs no
 communication. Rows (requests x particles) over "data" are pure data parallelism; row gathers
-(resampling) are kept inside each data shard by `gather_cache_rows`.
+(resampling, sd-multi's winner copy) run inside each data shard via `per_data_shard`.
 
-The decode engine turns these layouts on while it traces a program (`layout(mesh)`): then
-`init_cache`, `forward_cached` and `KVCache.gather` put `with_sharding_constraint`s on every cache
-they produce, so the partitioner (GSPMD) keeps the caches in this layout inside the decode loop and
-inserts the collectives (all-reduce after o_proj / down_proj, gathers of vocab-sharded logits).
-Outside `layout(...)` every hook is a no-op.
+The decode engine turns these layouts on while it traces a program (`layout(mesh)`). Then the
+hooks in models/ act: `init_cache` and `forward_cached` put `with_sharding_constraint`s on every
+cache they produce, so the partitioner (GSPMD) keeps the caches in this layout inside the decode
+loop and inserts the collectives (all-reduce after o_proj / down_proj, gathers of vocab-sharded
+logits); `KVCache.gather` / `copy_window` run per data shard (`per_data_shard`), and the attention's
+cache write is a per-row (vmapped) scatter, both of which GSPMD would otherwise surround with
+all-gathers of rows. Outside `layout(...)` every hook is a no-op and the code is unchanged.
 """
 
 from __future__ import annotations
@@ -47,8 +49,8 @@ from .config import ModelConfig
 
 DATA, MODEL = "data", "model"
 
-__all__ = ["DATA", "MODEL", "Layout", "cache_spec", "constrain_cache", "gather_cache_rows", "layout", "load_sharded",
-           "param_shardings", "param_specs", "row_groups", "shard_params"]
+__all__ = ["DATA", "MODEL", "Layout", "active_layout", "cache_spec", "constrain_cache", "per_data_shard", "layout", "load_sharded",
+           "param_shardings", "param_specs", "put", "shard_params"]
 
 
 def axis_size(mesh: Mesh, name: str) -> int:
@@ -142,7 +144,19 @@ def shard_params(params, mesh: Mesh, config: ModelConfig | None = None):
         return dataclasses.replace(params, params=shard_params(params.params, mesh, params.config))
     specs = param_specs(params, axis_size(mesh, MODEL), config)
     shardings = jax.tree_util.tree_map(lambda s: NamedSharding(mesh, s), specs, is_leaf=lambda s: isinstance(s, P))
-    return jax.device_put(params, shardings)
+    return jax.tree_util.tree_map(put, params, shardings)
+
+
+def put(x, sharding: NamedSharding):
+    """`x` on `sharding`: unchanged if already there; `jax.device_put` on one host; across hosts, built
+    from this process's host copy (every process must hold the same value: same seed, same prompts)
+    with `jax.make_array_from_callback`, so each process only transfers its own devices' blocks."""
+    if isinstance(x, jax.Array) and x.sharding.is_equivalent_to(sharding, x.ndim):
+        return x
+    if jax.process_count() == 1 or (isinstance(x, jax.Array) and not x.is_fully_addressable):
+        return jax.device_put(x, sharding)
+    host = np.asarray(x)
+    return jax.make_array_from_callback(host.shape, sharding, lambda index: host[index])
 
 
 # --------------------------------------------------------------------------------------- caches
@@ -184,12 +198,6 @@ def active_layout() -> Layout | None:
     return _ACTIVE.get()
 
 
-def row_groups() -> int:
-    """Number of data shards rows are split into while tracing under `layout` (1 otherwise)."""
-    lay = _ACTIVE.get()
-    return 1 if lay is None else lay.data
-
-
 def constrain_cache(cache):
     """`cache` with its k/v/lengths constrained to the active layout; unchanged outside `layout`.
     The layout's debug `inspect` gets ("k[L,B,S,Hkv,hd]", the partitioner's sharding of k)."""
@@ -208,37 +216,40 @@ def constrain_cache(cache):
     return cache.replace(k=k, v=v, lengths=lengths)
 
 
-def gather_cache_rows(cache, index):
-    """`cache.gather(index)` under the active layout, computed inside each data shard; None when no
-    layout is active (the caller then does the plain gather).
+def per_data_shard(fn, cache, *row_args, global_rows: tuple[int, ...] = ()):
+    """`fn(cache, *row_args) -> KVCache` evaluated on each data shard separately under the active
+    layout (`jax.shard_map` over the cache's own layout: rows over data, KV heads over model), so a
+    row gather runs on each device's own rows and nothing is communicated. None when no layout is
+    active or rows don't split evenly (the caller then runs `fn` as usual).
 
+    `row_args` are per-row arrays (leading dim = output rows, split over data like the cache);
+    those at positions `global_rows` hold global row indices and are made shard-local.
     Rows split into G = data-axis-size contiguous blocks, on input and output alike, and output rows
-    of block g must take input rows of block g. That holds for every row gather the methods do —
+    of block g may only read input rows of block g. That holds for every row gather the methods do —
     resampling, sd-multi's winner broadcast, fanning a prompt out to its particles — as long as each
     data shard holds whole requests (B % G == 0, checked by `smcsd.decode`): particles are only ever
-    gathered from their own request. Written with `jax.shard_map` over the cache's own layout (rows
-    over data, KV heads over model), so each device gathers its own block and nothing is
-    communicated (GSPMD, left to itself, may all-gather the cache's heads around a batched gather).
-    An index outside its block would read out of range and fill the rows with NaN, never another
-    shard's rows silently.
+    gathered from their own request. (GSPMD, left to itself, all-gathers rows or heads around such
+    gathers.) An index outside its block reads out of range — NaN rows, never another shard's rows.
     """
     lay = _ACTIVE.get()
     if lay is None:
         return None
     G = lay.data
-    R_in, R_out = cache.k.shape[1], index.shape[0]
-    if R_in % G or R_out % G:
+    if cache.k.shape[1] % G or any(a.shape[0] % G for a in row_args):
         return None
     kv_spec, len_spec = cache_spec(cache.k.shape[3], lay.mesh)
-    idx_spec = P(DATA if G > 1 else None)
+    row_specs = tuple(P(DATA if G > 1 else None, *([None] * (a.ndim - 1))) for a in row_args)
 
-    def local(k, v, lengths, idx):
-        j = idx - jax.lax.axis_index(DATA) * k.shape[1]  # global row -> row within this shard's block
-        return (jnp.take(k, j, axis=1, mode="fill"), jnp.take(v, j, axis=1, mode="fill"),
-                jnp.take(lengths, j, axis=0, mode="fill"))
+    def local(k, v, lengths, *args):
+        if G > 1:
+            offset = jax.lax.axis_index(DATA) * k.shape[1]  # first global row of this shard's block
+            args = tuple(a - offset if i in global_rows else a for i, a in enumerate(args))
+        with layout(None):  # plain single-device code inside
+            out = fn(cache.replace(k=k, v=v, lengths=lengths), *args)
+        return out.k, out.v, out.lengths
 
-    k, v, lengths = _shard_map(local, lay.mesh, (kv_spec, kv_spec, len_spec, idx_spec),
-                               (kv_spec, kv_spec, len_spec))(cache.k, cache.v, cache.lengths, index)
+    k, v, lengths = _shard_map(local, lay.mesh, (kv_spec, kv_spec, len_spec) + row_specs,
+                               (kv_spec, kv_spec, len_spec))(cache.k, cache.v, cache.lengths, *row_args)
     return constrain_cache(cache.replace(k=k, v=v, lengths=lengths))
 
 

@@ -17,6 +17,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from . import sharding as _sharding
 from .config import ModelConfig
 from .rope import apply_rope, inverse_frequencies, rope_tables
 
@@ -68,9 +69,17 @@ class Attention(nn.Module):
         else:  # write this call's k/v at each row's positions, attend over the whole slot range
             # Scatter straight into the whole cache (in place in the scan carry: no per-layer copy).
             k_all, v_all, layer = kv
-            rows = jnp.arange(B)[:, None]
-            k_all = k_all.at[layer, rows, positions].set(k.astype(k_all.dtype), mode="drop")
-            v_all = v_all.at[layer, rows, positions].set(v.astype(v_all.dtype), mode="drop")
+            if _sharding.active_layout() is None:
+                rows = jnp.arange(B)[:, None]
+                k_all = k_all.at[layer, rows, positions].set(k.astype(k_all.dtype), mode="drop")
+                v_all = v_all.at[layer, rows, positions].set(v.astype(v_all.dtype), mode="drop")
+            else:  # on a mesh: the same scatter vmapped over rows, which GSPMD keeps on each row's data
+                # shard (the form above makes it all-gather the new k/v of every row first).
+                def put(cache, new, pos):
+                    return cache.at[layer, pos].set(new.astype(cache.dtype), mode="drop")
+
+                k_all = jax.vmap(put, in_axes=(1, 0, 0), out_axes=1)(k_all, k, positions)
+                v_all = jax.vmap(put, in_axes=(1, 0, 0), out_axes=1)(v_all, v, positions)
             keys, values = k_all[layer], v_all[layer]
             slots = jnp.arange(k_all.shape[2])
             mask = slots[None, None, :] <= positions[:, :, None]  # [B, T, S]

@@ -25,10 +25,9 @@ import numbers
 from typing import Any, Callable
 
 import jax
-import numpy as np
 from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec as P
 
-from models.sharding import DATA, MODEL, axis_size, layout, param_specs
+from models.sharding import DATA, MODEL, axis_size, layout, param_specs, put
 
 __all__ = ["make_mesh", "check_mesh", "place_args", "compile_sharded", "record_cache_shardings"]
 
@@ -116,10 +115,10 @@ def place_args(mesh, spec, target_cfg, draft_cfg, args):
     _check_batch(mesh, spec.batch, spec.num_particles)
     (t_sh, d_sh, i_sh), _ = program_shardings(mesh, target_cfg, draft_cfg, args)
     target_params, draft_params, inputs = args
-    target_params = jax.device_put(target_params, t_sh)
+    target_params = jax.tree_util.tree_map(put, target_params, t_sh)
     if draft_params is not None:
-        draft_params = jax.device_put(draft_params, d_sh)
-    inputs = jax.tree_util.tree_map(lambda x, s: jax.device_put(np.asarray(x), s), inputs, i_sh)
+        draft_params = jax.tree_util.tree_map(put, draft_params, d_sh)
+    inputs = jax.tree_util.tree_map(put, inputs, i_sh)
     return mesh, (target_params, draft_params, inputs)
 
 
