@@ -20,9 +20,10 @@ For every setting (temperature 1; temperature 0.7 with top-k 3) and every method
   noise floor; ≫ 1 for a biased one) and the p-value.
 
 The exact methods sit on the noise floor; `smc` is consistent, its TV falls with N towards it — as long
-as the draft's processed distribution covers p_T's support. With top-k the draft is truncated too
-(`decode` applies top_k/top_p to both), so outputs whose drafted token lies outside the draft's top-k
-are unreachable and smc's TV levels off at their p_T mass (`smc_limit_tv`, computed exactly).
+as the draft's proposal covers p_T's support. `decode` lets smc's draft propose from its full tempered
+distribution (top_k/top_p shape p_T only) for exactly this reason; `smc_limit_tv` computes the p_T mass
+SMC could never reach (0 unless the proposal is truncated), which an earlier version that truncated the
+draft too plateaued at.
 
 JSON written to --out (default experiments/results/exactness.json):
   schema        "smcsd.exactness/1"
@@ -34,7 +35,7 @@ JSON written to --out (default experiments/results/exactness.json):
                 noise_bound, within_noise (tv <= noise_bound), chi2, df, chi2_per_df, pvalue,
                 acceptance_rate (speculative methods; smc counts every emitted draft token as accepted),
                 smc_limit_tv (smc: TV of its N -> infinity limit, the p_T mass of outputs the draft can
-                never propose because top-k/top-p truncate the draft too; else null), seconds
+                never propose; 0 with smc's untruncated proposal; else null), seconds
   plot          path of the PNG (TV vs N for smc, the exact methods and the noise floor), or null
 """
 
@@ -115,9 +116,9 @@ def chi_square(counts, probs, min_expected: float = 5.0) -> tuple[float, int]:
 
 def smc_support_gap(toys, target, draft, K: int, sampling: dict) -> float:
     """p_T mass of the continuations SMC can never emit: a position the draft proposes (positions 1..K
-    of each (K+1)-token cycle after x_0) holding a token outside the draft's *processed* support (top-k /
-    top-p apply to the draft too). SMC's output law tends to p_T restricted to the rest as N grows, so
-    this is the TV it converges to (0 when the draft covers p_T's support, e.g. without truncation)."""
+    of each (K+1)-token cycle after x_0) holding a token outside the support of smc's proposal (the
+    draft at the draft temperature, untruncated, as `decode` runs it). SMC's output law tends to p_T
+    restricted to the rest as N grows, so this is the TV it converges to (0 when q covers p_T)."""
     import itertools
 
     import jax.numpy as jnp
@@ -126,7 +127,8 @@ def smc_support_gap(toys, target, draft, K: int, sampling: dict) -> float:
     V = target.config.vocab_size
     conts = np.array(list(itertools.product(range(V), repeat=LENGTH)), np.int32)
     seqs = np.concatenate([np.broadcast_to(np.asarray(PROMPT, np.int32), (len(conts), len(PROMPT))), conts], 1)
-    logq = process_logits(draft(jnp.asarray(seqs))[:, len(PROMPT) - 1:-1], SamplingParams.make(**sampling))
+    proposal = SamplingParams.make(sampling.get("temperature", 1.0))  # smc's draft: no top-k/top-p
+    logq = process_logits(draft(jnp.asarray(seqs))[:, len(PROMPT) - 1:-1], proposal)
     per_tok = np.take_along_axis(np.asarray(logq), conts[..., None], axis=-1)[..., 0]  # [S, LENGTH]
     drafted = np.array([j >= 1 and (j - 1) % (K + 1) < K for j in range(LENGTH)])
     unreachable = np.any(np.isneginf(per_tok[:, drafted]), axis=1)

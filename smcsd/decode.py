@@ -135,7 +135,8 @@ def decode(
     prompt: a string, a list of strings, a list of token ids (one request) or a list of lists.
     method: "ar" (exact reference) or a registered speculative method (see `smcsd.available_methods()`).
     temperature / top_k / top_p define the target distribution p_T every method samples from
-    (temperature 0 = greedy); draft_temperature (default: temperature) shapes the draft's proposals.
+    (temperature 0 = greedy); draft_temperature (default: temperature) shapes the draft's proposals
+    (sd/sd-multi also truncate them with top_k/top_p; smc does not, so they cover p_T's support).
     eos_id: stop token id(s); default the tokenizer's EOS (EOS is included in the output).
     mesh: a `jax.sharding.Mesh` with axes ("data", "model") (`smcsd.make_mesh`): requests x particles
     sharded over "data" (it must divide the number of requests), weights over "model"; see smcsd/mesh.py.
@@ -214,11 +215,15 @@ def decode(
         prompt_arr[b, :len(ids)] = ids
     stop_arr = np.full((spec.num_stop,), -1, np.int32)
     stop_arr[:len(stops)] = stops
+    # Importance-weighted methods (smc) are consistent only if the proposal q covers p_T's support, so
+    # their draft proposes from its full tempered distribution: top-k/top-p shape p_T, not q. The exact
+    # methods (sd, sd-multi) stay exact with any q, and a truncated q matching p_T accepts more.
+    draft_truncation = (top_k, top_p) if mdef.exact else (0, 1.0)
     inputs = ProgramInputs(
         prompt=jnp.asarray(prompt_arr), prompt_len=jnp.asarray([len(r) for r in requests], jnp.int32),
         key=jax.random.PRNGKey(seed),
         sampling=_sampling.SamplingParams.make(temperature, top_k, top_p),
-        draft_sampling=_sampling.SamplingParams.make(draft_temperature, top_k, top_p),
+        draft_sampling=_sampling.SamplingParams.make(draft_temperature, *draft_truncation),
         max_new_tokens=jnp.asarray(max_new_tokens, jnp.int32), stop_ids=jnp.asarray(stop_arr),
         ess_threshold=jnp.asarray(ess_threshold, jnp.float32), alpha=jnp.asarray(alpha, jnp.float32))
     draft_params = draft.params if draft is not None else None
