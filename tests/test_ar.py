@@ -170,7 +170,6 @@ def test_max_new_tokens_respected(byte_model):
     (dict(prompt=5), TypeError, "prompt must be"),
     (dict(eos_id=999), ValueError, "eos_id"),
     (dict(seed=-1), ValueError, "seed"),
-    (dict(target=None), ValueError, "target"),
     (dict(target="tiny"), TypeError, "LanguageModel"),
 ])
 def test_bad_inputs_raise_clear_errors(byte_model, kwargs, exc, match):

@@ -1,0 +1,520 @@
+"""Train a shipped target/draft pair (byte tokenizer, same data) and export it to `models/shipped/`.
+
+    PYTHONPATH=. python experiments/train_pair.py --pair tiny-arith --role both
+    PYTHONPATH=. python experiments/train_pair.py --pair tiny-code --role target --steps 1200 --resume
+
+- Pairs: `tiny-code` (Python source of the running interpreter's standard library, held-out split by
+  file) and `tiny-arith` (the generated arithmetic task of `experiments/arith_data.py`).
+- Optimiser: optax AdamW (decoupled weight decay on matrices only), linear warmup + cosine decay to
+  10 %, global-norm gradient clipping. Loss: next-token cross-entropy over non-pad targets; with
+  `--distill` the draft's loss is (1 - w) * CE + w * KL(p_target || q_draft) against the trained target.
+- Checkpoints: orbax `CheckpointManager` under `--ckpt-dir/<pair>/<role>` holding params, optimiser
+  state, step and the loss history. The batch of step s is a pure function of (seed, s), so
+  `--resume` continues from the latest checkpoint and reproduces the uninterrupted run's losses.
+- Outputs: loss curves (train + held-out) as JSON and PNG under `--results-dir`, and the export
+  `--out/<pair>/<role>/{config.json, model.safetensors, training.json}`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import functools
+import hashlib
+import json
+import math
+import os
+import shutil
+import sys
+import sysconfig
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from models import ByteTokenizer, ModelConfig, forward_full, init_model  # noqa: E402
+
+TOK = ByteTokenizer()
+BOS, EOS, PAD = TOK.bos_id, TOK.eos_id, TOK.pad_id
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+# ----------------------------------------------------------------------------------------------
+# Pair specifications
+# ----------------------------------------------------------------------------------------------
+
+def _cfg(hidden, inter, layers, heads, kv, max_pos):
+    return ModelConfig(vocab_size=TOK.vocab_size, hidden_size=hidden, intermediate_size=inter,
+                       num_hidden_layers=layers, num_attention_heads=heads, num_key_value_heads=kv,
+                       max_position_embeddings=max_pos, rope_theta=10000.0, rms_norm_eps=1e-5,
+                       bos_token_id=BOS, eos_token_id=EOS, pad_token_id=PAD)
+
+
+@dataclasses.dataclass(frozen=True)
+class RoleSpec:
+    config: ModelConfig
+    steps: int
+    batch_size: int
+    lr: float
+    warmup: int
+
+
+@dataclasses.dataclass(frozen=True)
+class PairSpec:
+    name: str
+    data: str  # "code" | "arith"
+    seq_len: int  # tokens per training row (inputs), labels are shifted by one
+    target: RoleSpec
+    draft: RoleSpec
+    drill_frac: float = 0.0  # arith: share of rows that are arithmetic drills (see arith_data.train_texts)
+
+
+PAIRS = {
+    "tiny-code": PairSpec(
+        name="tiny-code", data="code", seq_len=256,
+        target=RoleSpec(_cfg(256, 896, 6, 4, 2, 1024), steps=400, batch_size=8, lr=2e-3, warmup=30),
+        draft=RoleSpec(_cfg(128, 384, 2, 2, 1, 1024), steps=400, batch_size=8, lr=3e-3, warmup=30)),
+    "tiny-arith": PairSpec(
+        name="tiny-arith", data="arith", seq_len=128,
+        target=RoleSpec(_cfg(128, 512, 4, 4, 2, 256), steps=800, batch_size=32, lr=3e-3, warmup=60),
+        draft=RoleSpec(_cfg(64, 192, 2, 2, 1, 256), steps=300, batch_size=32, lr=3e-3, warmup=30)),
+}
+
+
+# ----------------------------------------------------------------------------------------------
+# Data: `batch(step, n)` is a pure function of (seed, step) -> int32[n, seq_len + 1]
+# ----------------------------------------------------------------------------------------------
+
+def _is_heldout(relpath: str, percent: int = 5) -> bool:
+    """Deterministic split by file: sha1 of the path relative to the stdlib root."""
+    return int(hashlib.sha1(relpath.encode()).hexdigest()[:8], 16) % 100 < percent
+
+
+def stdlib_files(max_bytes: int = 1_000_000) -> list[tuple[str, str]]:
+    """(relative path, absolute path) of the interpreter's standard-library .py files, sorted."""
+    root = sysconfig.get_paths()["stdlib"]
+    out = []
+    for dirpath, dirnames, filenames in os.walk(root):
+        dirnames[:] = sorted(d for d in dirnames if d not in ("site-packages", "dist-packages", "__pycache__"))
+        for f in sorted(filenames):
+            if f.endswith(".py"):
+                path = os.path.join(dirpath, f)
+                if os.path.getsize(path) <= max_bytes:
+                    out.append((os.path.relpath(path, root), path))
+    return out
+
+
+class CodeData:
+    """Random windows of the concatenated training files, each row = [BOS] + seq_len bytes."""
+
+    def __init__(self, seq_len: int, seed: int = 0):
+        self.seq_len, self.seed = seq_len, seed
+        train, held = [], []
+        for rel, path in stdlib_files():
+            with open(path, "rb") as f:
+                data = f.read()
+            (held if _is_heldout(rel) else train).append(np.frombuffer(data, np.uint8).astype(np.int32))
+        self.num_files = (len(train), len(held))
+        self.train = self._stream(train)
+        self.heldout = self._stream(held)
+
+    @staticmethod
+    def _stream(arrays):
+        parts = []
+        for a in arrays:
+            parts += [np.array([BOS], np.int32), a, np.array([EOS], np.int32)]
+        return np.concatenate(parts)
+
+    def _windows(self, stream, starts):
+        rows = np.empty((len(starts), self.seq_len + 1), np.int32)
+        rows[:, 0] = BOS
+        for i, s in enumerate(starts):
+            rows[i, 1:] = stream[s:s + self.seq_len]
+        return rows
+
+    def batch(self, step: int, n: int) -> np.ndarray:
+        rng = np.random.default_rng([self.seed, step, 0xC0DE])
+        return self._windows(self.train, rng.integers(0, len(self.train) - self.seq_len, n))
+
+    def eval_rows(self, n: int = 64) -> np.ndarray:
+        """A fixed sample of held-out windows (the same for every run)."""
+        rng = np.random.default_rng(1234)
+        return self._windows(self.heldout, rng.integers(0, len(self.heldout) - self.seq_len, n))
+
+    def describe(self) -> dict:
+        return {"source": sysconfig.get_paths()["stdlib"], "train_files": self.num_files[0],
+                "heldout_files": self.num_files[1], "train_bytes": int(len(self.train)),
+                "heldout_bytes": int(len(self.heldout)), "split": "sha1(relpath) % 100 < 5 -> held out"}
+
+
+def _encode_rows(texts, seq_len):
+    rows = np.full((len(texts), seq_len + 1), PAD, np.int32)
+    for i, t in enumerate(texts):
+        ids = [BOS] + list(t.encode()) + [EOS]
+        if len(ids) > seq_len + 1:
+            raise ValueError(f"example of {len(ids)} tokens does not fit seq_len {seq_len}: {t!r}")
+        rows[i, :len(ids)] = ids
+    return rows
+
+
+class ArithData:
+    """One generated problem per row: [BOS] + question + answer + [EOS], right-padded with PAD."""
+
+    def __init__(self, seq_len: int, seed: int = 0, drill_frac: float = 0.0):
+        from experiments import arith_data
+        self.mod, self.seq_len, self.seed, self.drill_frac = arith_data, seq_len, seed, drill_frac
+
+    def batch(self, step: int, n: int) -> np.ndarray:
+        return _encode_rows(self.mod.train_texts(self.seed, step, n, self.drill_frac), self.seq_len)
+
+    def eval_rows(self, n: int = 256) -> np.ndarray:
+        return _encode_rows([p.text for p in self.mod.test_set()[:n]], self.seq_len)
+
+    def describe(self) -> dict:
+        return {"source": "experiments/arith_data.py", "drill_frac": self.drill_frac, "test_seed": self.mod.TEST_SEED,
+                "test_size": self.mod.TEST_SIZE, "templates": len(self.mod.TEMPLATES)}
+
+
+def make_data(pair: PairSpec, seq_len: int, seed: int, drill_frac: float | None = None):
+    if pair.data == "code":
+        return CodeData(seq_len, seed)
+    return ArithData(seq_len, seed, pair.drill_frac if drill_frac is None else drill_frac)
+
+
+# ----------------------------------------------------------------------------------------------
+# Loss, optimiser, train step
+# ----------------------------------------------------------------------------------------------
+
+def token_losses(config: ModelConfig, params, rows):
+    """Per-target cross-entropy (nats) `[B, T]`, the non-pad mask, and the logits."""
+    inputs, labels = rows[:, :-1], rows[:, 1:]
+    logits = forward_full(config, params, inputs)
+    ce = optax.softmax_cross_entropy_with_integer_labels(logits, labels)
+    mask = (labels != PAD).astype(jnp.float32)
+    return ce, mask, logits
+
+
+def loss_fn(params, rows, config, teacher_config=None, teacher_params=None, distill_weight=0.0):
+    ce, mask, logits = token_losses(config, params, rows)
+    denom = jnp.maximum(mask.sum(), 1.0)
+    ce_mean = (ce * mask).sum() / denom
+    if teacher_config is None:
+        return ce_mean, ce_mean
+    t_logits = jax.lax.stop_gradient(forward_full(teacher_config, teacher_params, rows[:, :-1]))
+    t_logp = jax.nn.log_softmax(t_logits, -1)
+    s_logp = jax.nn.log_softmax(logits, -1)
+    kl = (jnp.exp(t_logp) * (t_logp - s_logp)).sum(-1)  # KL(p_target || q_draft) per position
+    kl_mean = (kl * mask).sum() / denom
+    return (1.0 - distill_weight) * ce_mean + distill_weight * kl_mean, ce_mean
+
+
+def make_optimizer(lr: float, steps: int, warmup: int, weight_decay: float = 0.1, clip: float = 1.0):
+    schedule = optax.warmup_cosine_decay_schedule(0.0, lr, max(1, min(warmup, steps - 1)), max(steps, 2),
+                                                  end_value=lr * 0.1)
+    decay_mask = lambda params: jax.tree_util.tree_map(lambda p: p.ndim >= 2, params)  # noqa: E731
+    return optax.chain(optax.clip_by_global_norm(clip),
+                       optax.adamw(schedule, b1=0.9, b2=0.95, eps=1e-8, weight_decay=weight_decay,
+                                   mask=decay_mask))
+
+
+def make_train_step(config, tx, teacher_config=None, distill_weight=0.0):
+    def step(params, opt_state, rows, teacher_params=None):
+        (loss, ce), grads = jax.value_and_grad(loss_fn, has_aux=True)(
+            params, rows, config, teacher_config, teacher_params, distill_weight)
+        updates, opt_state = tx.update(grads, opt_state, params)
+        return optax.apply_updates(params, updates), opt_state, loss, ce
+    return jax.jit(step, donate_argnums=(0, 1))
+
+
+@functools.lru_cache(maxsize=8)
+def compiled_step(config, lr, steps, warmup, teacher_config=None, distill_weight=0.0):
+    """(optimizer, jitted train step), cached so runs with the same settings share one compilation."""
+    tx = make_optimizer(lr, steps, warmup)
+    return tx, make_train_step(config, tx, teacher_config, distill_weight)
+
+
+@functools.lru_cache(maxsize=8)
+def make_eval(config):
+    @jax.jit
+    def ev(params, rows):
+        ce, mask, _ = token_losses(config, params, rows)
+        n_bytes = ((rows[:, 1:] < 256) & (rows[:, 1:] != PAD)).sum()
+        return (ce * mask).sum(), mask.sum(), n_bytes
+    return ev
+
+
+def evaluate(config, params, rows, batch: int = 32) -> dict:
+    """Held-out loss per token (nats) and bits per byte (all target nats charged to the byte targets)."""
+    ev = make_eval(config)
+    tot = cnt = nb = 0.0
+    for i in range(0, len(rows), batch):
+        s, c, b = ev(params, jnp.asarray(rows[i:i + batch]))
+        tot, cnt, nb = tot + float(s), cnt + float(c), nb + float(b)
+    return {"loss": tot / cnt, "bits_per_byte": tot / max(nb, 1.0) / math.log(2), "tokens": int(cnt)}
+
+
+# ----------------------------------------------------------------------------------------------
+# Checkpoints (orbax) and export (safetensors)
+# ----------------------------------------------------------------------------------------------
+
+def _manager(directory: str):
+    import orbax.checkpoint as ocp
+    return ocp.CheckpointManager(os.path.abspath(directory),
+                                 options=ocp.CheckpointManagerOptions(max_to_keep=2, create=True))
+
+
+def save_checkpoint(mngr, step: int, params, opt_state, meta: dict):
+    import orbax.checkpoint as ocp
+    state = {"params": params, "opt_state": opt_state, "step": jnp.asarray(step, jnp.int32)}
+    mngr.save(step, args=ocp.args.Composite(state=ocp.args.StandardSave(state), meta=ocp.args.JsonSave(meta)),
+              force=True)
+    mngr.wait_until_finished()
+
+
+def restore_checkpoint(mngr, params, opt_state):
+    import orbax.checkpoint as ocp
+    step = mngr.latest_step()
+    abstract = {"params": params, "opt_state": opt_state, "step": jnp.asarray(0, jnp.int32)}
+    abstract = jax.tree_util.tree_map(ocp.utils.to_shape_dtype_struct, abstract)
+    out = mngr.restore(step, args=ocp.args.Composite(state=ocp.args.StandardRestore(abstract),
+                                                     meta=ocp.args.JsonRestore()))
+    return out["state"]["params"], out["state"]["opt_state"], int(out["state"]["step"]), out["meta"]
+
+
+def flatten_params(params, sep: str = "/") -> dict[str, np.ndarray]:
+    flat = {}
+
+    def walk(prefix, node):
+        if isinstance(node, dict) or hasattr(node, "items"):
+            for k, v in node.items():
+                walk(f"{prefix}{sep}{k}" if prefix else str(k), v)
+        else:
+            flat[prefix] = np.asarray(node)
+    walk("", params)
+    return flat
+
+
+def export_model(config: ModelConfig, params, directory: str, dtype: str = "float32", info: dict | None = None):
+    """Write `config.json`, `model.safetensors` (flattened "/"-joined names) and `training.json`."""
+    from safetensors.numpy import save_file
+    os.makedirs(directory, exist_ok=True)
+    flat = flatten_params(params)
+    if dtype == "bfloat16":
+        import ml_dtypes
+        flat = {k: v.astype(ml_dtypes.bfloat16) for k, v in flat.items()}
+    else:
+        flat = {k: v.astype(np.float32) for k, v in flat.items()}
+    save_file(flat, os.path.join(directory, "model.safetensors"), metadata={"format": "smcsd-flax"})
+    os.chmod(os.path.join(directory, "model.safetensors"), 0o644)
+    with open(os.path.join(directory, "config.json"), "w") as f:
+        json.dump(config.to_dict(), f, indent=2)
+    if info is not None:
+        with open(os.path.join(directory, "training.json"), "w") as f:
+            json.dump(info, f, indent=2)
+
+
+def load_exported(directory: str):
+    """(config, params) of an exported model, via the package loader."""
+    from models.shipped import load_model_dir
+    m = load_model_dir(directory)
+    return m.config, m.params
+
+
+# ----------------------------------------------------------------------------------------------
+# Curves
+# ----------------------------------------------------------------------------------------------
+
+def save_curves(history: dict, path_prefix: str, title: str):
+    os.makedirs(os.path.dirname(path_prefix), exist_ok=True)
+    with open(path_prefix + ".json", "w") as f:
+        json.dump(history, f)
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:  # pragma: no cover
+        return
+    fig, ax = plt.subplots(figsize=(6, 4))
+    tr = np.asarray(history["train"], np.float64).reshape(-1, 2)
+    if len(tr):
+        w = max(1, len(tr) // 50)
+        smooth = np.convolve(tr[:, 1], np.ones(w) / w, mode="valid")
+        ax.plot(tr[:, 0], tr[:, 1], alpha=0.25, color="C0")
+        ax.plot(tr[w - 1:, 0], smooth, color="C0", label="train (CE, nats/token)")
+    ev = history["eval"]
+    if ev:
+        ax.plot([e["step"] for e in ev], [e["loss"] for e in ev], "o-", color="C1", label="held-out")
+    ax.set_xlabel("step")
+    ax.set_ylabel("loss (nats/token)")
+    ax.set_yscale("log")
+    ax.set_title(title)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path_prefix + ".png", dpi=100)
+    plt.close(fig)
+
+
+# ----------------------------------------------------------------------------------------------
+# Training one role
+# ----------------------------------------------------------------------------------------------
+
+def train_role(pair: PairSpec, role: str, *, steps=None, batch_size=None, seq_len=None, lr=None, seed=0,
+               ckpt_dir="checkpoints", resume=False, overwrite=False, out=None, export_dtype="float32",
+               results_dir=None, eval_every=100, ckpt_every=100, stop_after=None, distill=False,
+               distill_weight=0.5, teacher=None, progress=True, data=None, config=None, command=None,
+               extend=False) -> dict:
+    """Train `role` of `pair`; returns a summary with the loss history. `stop_after` simulates an
+    interruption (stop and checkpoint after that many steps); `config` overrides the pair's config;
+    `extend` lets `resume` continue a finished or running schedule to a larger `steps`."""
+    from tqdm import tqdm
+    rs: RoleSpec = getattr(pair, role)
+    config = config or rs.config
+    steps = steps or rs.steps
+    batch_size = batch_size or rs.batch_size
+    seq_len = seq_len or pair.seq_len
+    lr = lr or rs.lr
+    warmup = min(rs.warmup, max(1, steps // 10))
+    data = data or make_data(pair, seq_len, seed)
+    drill_frac = getattr(data, "drill_frac", 0.0)
+    tag = f"{pair.name}/{role}" + ("-distill" if distill else "")
+    run = {"pair": pair.name, "role": role, "steps": steps, "batch_size": batch_size, "seq_len": seq_len,
+           "lr": lr, "warmup": warmup, "seed": seed, "distill": bool(distill),
+           "distill_weight": distill_weight if distill else 0.0, "config": config.to_dict()}
+    if drill_frac:
+        run["drill_frac"] = drill_frac
+
+    ckpt_path = os.path.join(ckpt_dir, pair.name, role + ("-distill" if distill else ""))
+    if os.path.isdir(ckpt_path) and os.listdir(ckpt_path) and not resume:
+        if not overwrite:
+            raise SystemExit(f"checkpoints exist in {ckpt_path}: pass --resume to continue or --overwrite to restart")
+        shutil.rmtree(ckpt_path)
+    mngr = _manager(ckpt_path)
+
+    teacher_cfg = teacher[0] if distill and teacher is not None else None
+    tx, step_fn = compiled_step(config, lr, steps, warmup, teacher_cfg, distill_weight if distill else 0.0)
+    params = init_model(config, seed=seed + (0 if role == "target" else 1)).params
+    opt_state = tx.init(params)
+    history = {"run": run, "train": [], "eval": [], "wall_s": 0.0}
+    start = 0
+    if resume and mngr.latest_step() is not None:
+        params, opt_state, start, meta = restore_checkpoint(mngr, params, opt_state)
+        diff = {k: (meta["run"].get(k), v) for k, v in run.items() if meta["run"].get(k) != v}
+        if diff and not (extend and set(diff) <= {"steps", "drill_frac"} and steps > start):
+            raise SystemExit(f"--resume: checkpoint in {ckpt_path} was made with other settings {diff}"
+                             + ("" if extend else " (--extend allows another --steps / --drill-frac only)"))
+        history = meta
+        if diff:  # --extend: the cosine schedule is stretched to the new length from here on
+            history.setdefault("extended", []).append({"at_step": start, "changed": diff})
+            history["run"] = run
+        print(f"[{tag}] resumed from step {start}", flush=True)
+
+    if command:
+        history.setdefault("commands", []).append({"command": command, "from_step": start})
+    teacher_cfg = teacher_params = None
+    if distill:
+        if teacher is None:
+            raise ValueError("--distill needs a trained target (teacher)")
+        teacher_cfg, teacher_params = teacher
+    eval_rows = data.eval_rows()
+    t0 = time.time()
+    wall0 = history["wall_s"]
+    pbar = tqdm(total=steps, initial=start, desc=tag, disable=not progress, file=sys.stdout,
+                mininterval=2.0 if sys.stdout.isatty() else 60.0)
+    step = start
+    while step < steps:
+        rows = jnp.asarray(data.batch(step, batch_size))
+        if distill:
+            params, opt_state, loss, ce = step_fn(params, opt_state, rows, teacher_params)
+        else:
+            params, opt_state, loss, ce = step_fn(params, opt_state, rows)
+        step += 1
+        history["train"].append([step, float(ce)] if not distill else [step, float(ce), float(loss)])
+        pbar.update(1)
+        pbar.set_postfix(loss=f"{float(ce):.4f}", refresh=False)
+        done = step == steps or (stop_after is not None and step >= stop_after)
+        if step % eval_every == 0 or done:
+            ev = evaluate(config, params, eval_rows)
+            history["eval"].append({"step": step, **ev})
+            pbar.write(f"[{tag}] step {step}: train {float(ce):.4f}  held-out {ev['loss']:.4f} nats/token, "
+                       f"{ev['bits_per_byte']:.3f} bits/byte  ({time.time() - t0:.0f}s)")
+        if step % ckpt_every == 0 or done:
+            history["wall_s"] = wall0 + time.time() - t0
+            save_checkpoint(mngr, step, params, opt_state, history)
+        if done:
+            break
+    pbar.close()
+    history["wall_s"] = wall0 + time.time() - t0
+    if results_dir:
+        save_curves(history, os.path.join(results_dir, pair.name, role + ("-distill" if distill else "")),
+                    f"{tag}: {config.num_params / 1e6:.2f}M params")
+    finished = step == steps
+    if out and finished:
+        info = {"run": run, "final_eval": history["eval"][-1] if history["eval"] else None,
+                "train_wall_s": round(history["wall_s"], 1), "num_params": config.num_params,
+                "stored_dtype": export_dtype, "data": data.describe(), "trained_context": seq_len,
+                "commands": history.get("commands", [command])}
+        export_model(config, params, os.path.join(out, pair.name, role), export_dtype, info)
+        print(f"[{tag}] exported to {os.path.join(out, pair.name, role)}", flush=True)
+    return {"params": params, "history": history, "step": step, "config": config}
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--pair", choices=sorted(PAIRS), required=True)
+    ap.add_argument("--role", choices=["target", "draft", "both"], default="both")
+    ap.add_argument("--steps", type=int, default=None, help="default: the pair's setting for the role")
+    ap.add_argument("--batch-size", type=int, default=None)
+    ap.add_argument("--seq-len", type=int, default=None)
+    ap.add_argument("--lr", type=float, default=None, help="peak learning rate")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--ckpt-dir", default=os.path.join(REPO, "checkpoints"))
+    ap.add_argument("--out", default=os.path.join(REPO, "models", "shipped"),
+                    help="export root; the model goes to OUT/<pair>/<role>/ ('' to skip)")
+    ap.add_argument("--export-dtype", choices=["float32", "bfloat16"], default="float32")
+    ap.add_argument("--results-dir", default=os.path.join(REPO, "experiments", "results", "train"))
+    ap.add_argument("--resume", action="store_true", help="continue from the latest checkpoint")
+    ap.add_argument("--overwrite", action="store_true", help="discard existing checkpoints and restart")
+    ap.add_argument("--extend", action="store_true",
+                    help="with --resume: continue with another --steps (the cosine schedule is re-stretched "
+                         "from there) or --drill-frac")
+    ap.add_argument("--drill-frac", type=float, default=None,
+                    help="tiny-arith: share of drill rows in each batch (default: the pair's setting)")
+    ap.add_argument("--eval-every", type=int, default=100)
+    ap.add_argument("--ckpt-every", type=int, default=100)
+    ap.add_argument("--stop-after", type=int, default=None, help="stop (and checkpoint) after this many steps")
+    ap.add_argument("--distill", action="store_true",
+                    help="train the draft on (1-w)*CE + w*KL(target || draft) against the exported target")
+    ap.add_argument("--distill-weight", type=float, default=0.5)
+    ap.add_argument("--teacher-dir", default=None,
+                    help="--distill: the exported target to distil from (default: OUT/<pair>/target)")
+    ap.add_argument("--no-progress", action="store_true")
+    args = ap.parse_args(argv)
+    pair = PAIRS[args.pair]
+    command = "python experiments/train_pair.py " + " ".join(sys.argv[1:] if argv is None else argv)
+    roles = ["target", "draft"] if args.role == "both" else [args.role]
+    data = make_data(pair, args.seq_len or pair.seq_len, args.seed, args.drill_frac)
+    teacher = None
+    for role in roles:
+        if role == "draft" and args.distill:
+            if teacher is None:
+                teacher = load_exported(args.teacher_dir or os.path.join(args.out, pair.name, "target"))
+        t = time.time()
+        res = train_role(pair, role, steps=args.steps, batch_size=args.batch_size, seq_len=args.seq_len,
+                         lr=args.lr, seed=args.seed, ckpt_dir=args.ckpt_dir, resume=args.resume,
+                         overwrite=args.overwrite, out=args.out or None, export_dtype=args.export_dtype,
+                         results_dir=args.results_dir, eval_every=args.eval_every, ckpt_every=args.ckpt_every,
+                         stop_after=args.stop_after, distill=args.distill and role == "draft",
+                         distill_weight=args.distill_weight, teacher=teacher, progress=not args.no_progress,
+                         data=data, command=command, extend=args.extend)
+        if role == "target":
+            teacher = (res["config"], res["params"])
+        print(f"[{pair.name}/{role}] {res['step']} steps, this run {time.time() - t:.0f}s wall, "
+              f"total train wall {res['history']['wall_s']:.0f}s", flush=True)
+
+
+if __name__ == "__main__":
+    main()
