@@ -243,8 +243,8 @@ def build_parser() -> argparse.ArgumentParser:
                        formatter_class=argparse.RawDescriptionHelpFormatter)
     g.add_argument("prompt", nargs="+", metavar="PROMPT",
                    help="the prompt text (several PROMPTs decode as one batch; '-' reads one from stdin)")
-    g.add_argument("--method", type=method_type, default="ar", metavar="METHOD",
-                   help=f"one of {', '.join(KNOWN_METHODS)} (default: ar)")
+    g.add_argument("--method", type=method_type, default=None, metavar="METHOD",
+                   help=f"one of {', '.join(KNOWN_METHODS)} (default: smc with a draft, else ar)")
     g.add_argument("--max-new-tokens", type=positive_int, default=64, metavar="N",
                    help="tokens to generate per prompt, fewer if EOS comes first (default: 64)")
     s = g.add_argument_group("sampling: the target distribution p_T every method samples from")
@@ -254,10 +254,10 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--top-p", type=top_p_type, default=1.0, metavar="P", help="1 = off (default: 1)")
     s.add_argument("--seed", type=nonneg_int, default=0, help="random seed (default: 0)")
     sp = g.add_argument_group("speculative methods (sd, sd-multi, smc)")
-    sp.add_argument("--num-speculative-tokens", "-K", type=positive_int, default=4, metavar="K",
-                    help="draft tokens proposed per target call (default: 4)")
-    sp.add_argument("--num-particles", "-N", type=positive_int, default=4, metavar="N",
-                    help="particles (smc) or drafts (sd-multi) per prompt (default: 4)")
+    sp.add_argument("--num-speculative-tokens", "-K", type=positive_int, default=None, metavar="K",
+                    help="draft tokens proposed per target call (default: the method's, see README)")
+    sp.add_argument("--num-particles", "-N", type=positive_int, default=None, metavar="N",
+                    help="particles (smc) or drafts (sd-multi) per prompt (default: the method's, see README)")
     sp.add_argument("--draft-temperature", type=temperature_type, default=None, metavar="T",
                     help="temperature of the draft's proposals (default: --temperature)")
     sp.add_argument("--ess-threshold", type=fraction_type, default=0.5, metavar="TAU",

@@ -20,6 +20,12 @@ from .stats import DecodeResult, DecodeStats, finish_stats
 
 _SELECT = ("sample", "argmax")
 
+# The default method when a draft is available (with the shipped default pair, too); without a draft
+# decode falls back to exact `ar`. Per-method defaults of (num_particles, num_speculative_tokens):
+# smc's were picked by experiments/sweep_arith.py (see README, "Defaults").
+DEFAULT_METHOD = "smc"
+METHOD_DEFAULTS = {"sd": (1, 4), "sd-multi": (4, 4), "smc": (16, 2)}
+
 
 def _check_int(name, value, minimum):
     if isinstance(value, bool) or not isinstance(value, numbers.Integral):
@@ -113,15 +119,15 @@ def decode(
     *,
     target: LanguageModel | None = None,
     draft: LanguageModel | None = None,
-    method: str = "ar",
+    method: str | None = None,
     max_new_tokens: int = 64,
     temperature: float = 1.0,
     top_k: int = 0,
     top_p: float = 1.0,
     seed: int = 0,
     eos_id: int | Sequence[int] | None = None,
-    num_speculative_tokens: int = 4,
-    num_particles: int = 4,
+    num_speculative_tokens: int | None = None,
+    num_particles: int | None = None,
     draft_temperature: float | None = None,
     ess_threshold: float = 0.5,
     resampler: str = "systematic",
@@ -143,6 +149,8 @@ def decode(
     Returns a `DecodeResult` with the new tokens per request (in request order), texts, and stats.
     """
     target, draft = _resolve_models(target, draft)
+    if method is None:
+        method = DEFAULT_METHOD if draft is not None else "ar"
     if not isinstance(method, str) or method not in METHODS:
         raise ValueError(f"unknown method {method!r}; choose one of: {', '.join(sorted(METHODS))}")
     mdef = METHODS[method]
@@ -161,8 +169,9 @@ def decode(
         draft_temperature = temperature
     _sampling.validate(draft_temperature, top_k, top_p, prefix="draft_")
     seed = _check_int("seed", seed, 0)
-    K = _check_int("num_speculative_tokens", num_speculative_tokens, 1)
-    N = _check_int("num_particles", num_particles, 1)
+    default_n, default_k = METHOD_DEFAULTS.get(method, (1, 1))
+    K = _check_int("num_speculative_tokens", default_k if num_speculative_tokens is None else num_speculative_tokens, 1)
+    N = _check_int("num_particles", default_n if num_particles is None else num_particles, 1)
     if isinstance(ess_threshold, bool) or not isinstance(ess_threshold, numbers.Real) or not 0 <= ess_threshold <= 1:
         raise ValueError(f"ess_threshold must be a number in [0, 1] (0 never resamples, 1 always), got {ess_threshold!r}")
     if isinstance(alpha, bool) or not isinstance(alpha, numbers.Real) or not alpha > 0 or alpha == float("inf"):

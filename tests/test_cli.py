@@ -47,7 +47,8 @@ def test_no_command_prints_help(capsys):
 
 
 def test_generate_random_ar(capsys):
-    code, out, err = run(capsys, "generate", PROMPT, "--model", "random", "--max-new-tokens", "8", "--seed", "1")
+    code, out, err = run(capsys, "generate", PROMPT, "--model", "random", "--method", "ar", "--max-new-tokens", "8",
+                         "--seed", "1")
     assert code == 0, err
     lines = out.rstrip("\n").split("\n")
     assert lines[-1].startswith("ar | ") and "tok/s" in lines[-1]  # DecodeStats.summary()
@@ -67,7 +68,8 @@ def test_generate_random_smc_json(capsys):
 def test_generate_stdin_json_ar(capsys, monkeypatch):
     import io
     monkeypatch.setattr("sys.stdin", io.StringIO(PROMPT))
-    code, out, err = run(capsys, "generate", "-", "--model", "random", "--max-new-tokens", "8", "--json")
+    code, out, err = run(capsys, "generate", "-", "--model", "random", "--method", "ar", "--max-new-tokens", "8",
+                         "--json")
     assert code == 0, err
     res = json.loads(out)  # strict JSON: ar's undefined acceptance rate is null, not NaN
     assert res["prompts"] == [PROMPT] and res["stats"]["acceptance_rate"] is None
@@ -77,7 +79,8 @@ def test_generate_stdin_json_ar(capsys, monkeypatch):
 def test_generate_shipped_default_pair(capsys):
     code, out, err = run(capsys, "generate", "def add(a, b):", "--max-new-tokens", "8", "--echo")
     assert code == 0, err
-    assert out.startswith("def add(a, b):") and out.rstrip("\n").split("\n")[-1].startswith("ar | ")
+    # the shipped pair has a draft, so the default method is smc
+    assert out.startswith("def add(a, b):") and out.rstrip("\n").split("\n")[-1].startswith("smc | ")
 
 
 def test_bench_one_cell(capsys, tmp_path):
@@ -161,7 +164,7 @@ def test_generate_local_checkpoints(capsys, tmp_path):
     code, out, err = run(capsys, "generate", PROMPT, "--target", str(tmp_path / "pair" / "target"), "--draft",
                          str(tmp_path / "pair" / "draft"), "--max-new-tokens", "8", "--seed", "1")
     assert code == 0, err
-    assert out.rstrip("\n").split("\n")[-1].startswith("ar | ")
+    assert out.rstrip("\n").split("\n")[-1].startswith("smc | ")  # a draft is given: default smc
 
 
 @pytest.mark.parametrize("argv, name", [
