@@ -313,13 +313,13 @@ def _safetensors_files(path: str) -> tuple[list[str], dict[str, str] | None]:
     return files, None
 
 
-def from_pretrained(path: str, dtype: str | None = None, *, tokenizer: bool = True,
-                    name: str | None = None) -> LanguageModel:
-    """Load a local Hugging Face Llama / Mistral / Qwen2 / Qwen3 checkpoint as a `LanguageModel`.
+def scan_checkpoint(path: str, dtype: str | None = None):
+    """Read and check a checkpoint's config and tensor headers without loading any tensor.
 
-    path: a directory with config.json, *.safetensors (+ model.safetensors.index.json when sharded)
-    and optionally tokenizer.json. dtype: "float32" / "bfloat16" / "float16" for the params; default
-    the config's torch_dtype (float32 when absent). Logits are float32 whatever the dtype.
+    Returns `(config, arch, expected, found, files)`: `expected` maps each HF tensor name to its slot in
+    our params, `found` maps it to `(file, shape)`. Missing, unexpected or misshapen tensors and an
+    unsupported architecture are a ValueError naming the key; a missing directory/config.json is a
+    FileNotFoundError. Shared by `from_pretrained` and `models.sharding.load_sharded`.
     """
     path = os.fspath(path)
     if not os.path.isdir(path):
@@ -364,6 +364,20 @@ def from_pretrained(path: str, dtype: str | None = None, *, tokenizer: bool = Tr
         if found[key][1] != tuple(slot.shape):
             raise ValueError(f"tensor {key!r} in {found[key][0]!r} has shape {list(found[key][1])}, "
                              f"expected {list(slot.shape)} from config.json")
+
+    return config, arch, expected, found, files
+
+
+def from_pretrained(path: str, dtype: str | None = None, *, tokenizer: bool = True,
+                    name: str | None = None) -> LanguageModel:
+    """Load a local Hugging Face Llama / Mistral / Qwen2 / Qwen3 checkpoint as a `LanguageModel`.
+
+    path: a directory with config.json, *.safetensors (+ model.safetensors.index.json when sharded)
+    and optionally tokenizer.json. dtype: "float32" / "bfloat16" / "float16" for the params; default
+    the config's torch_dtype (float32 when absent). Logits are float32 whatever the dtype.
+    """
+    path = os.fspath(path)
+    config, arch, expected, found, files = scan_checkpoint(path, dtype)
 
     # 2. Preallocate one stacked array per param, then fill it shard by shard, tensor by tensor.
     np_dtype = _NP_DTYPES[config.dtype]

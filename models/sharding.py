@@ -344,48 +344,7 @@ def _get(tree, path):
 
 
 def _scan_checkpoint(hf, path: str, dtype):
-    """Config, family, expected tensors and where each one is (headers only), checked like
-    `from_pretrained` does: missing / unexpected / misshapen tensors are a ValueError naming the key."""
-    import json
-
-    from safetensors import safe_open
-
-    for helper in ("config_from_hf", "_arch_of", "_tensor_map", "_safetensors_files", "_param_shape", "_set",
-                   "_load_tokenizer", "_NP_DTYPES", "_IGNORED_SUFFIXES"):
-        if not hasattr(hf, helper):
-            raise RuntimeError(f"models.hf no longer provides {helper!r}, which load_sharded reuses; "
-                               "update models/sharding.py")
-    if not os.path.isdir(path):
-        raise FileNotFoundError(f"checkpoint directory not found: {path}")
-    cfg_path = os.path.join(path, "config.json")
-    if not os.path.isfile(cfg_path):
-        raise FileNotFoundError(f"no config.json in {path}: a Hugging Face checkpoint directory needs one")
-    with open(cfg_path) as f:
-        raw = json.load(f)
-    config = hf.config_from_hf(raw, dtype, where=cfg_path)
-    arch = hf._arch_of(raw, cfg_path)
-    expected = hf._tensor_map(config, arch)
-    files, _ = hf._safetensors_files(path)
-    found: dict[str, str] = {}
-    shapes: dict[str, tuple] = {}
-    for fname in files:
-        with safe_open(os.path.join(path, fname), framework="numpy") as f:
-            for key in f.keys():
-                if key in found:
-                    raise ValueError(f"tensor {key!r} appears in both {found[key]!r} and {fname!r}")
-                found[key] = fname
-                shapes[key] = tuple(f.get_slice(key).get_shape())
-    skipped = {k for k in found if k.endswith(hf._IGNORED_SUFFIXES)}
-    if config.tie_word_embeddings and "lm_head.weight" in found:
-        skipped.add("lm_head.weight")
-    missing = sorted(set(expected) - set(found))
-    if missing:
-        raise ValueError(f"checkpoint {path} is missing tensor(s) {missing[:8]} required by its config")
-    unexpected = sorted(set(found) - set(expected) - skipped)
-    if unexpected:
-        raise ValueError(f"checkpoint {path} has unexpected tensor(s) {unexpected[:8]} that its config does not use")
-    for key, slot in expected.items():
-        if shapes[key] != tuple(slot.shape):
-            raise ValueError(f"tensor {key!r} in {found[key]!r} has shape {list(shapes[key])}, "
-                             f"expected {list(slot.shape)} from config.json")
-    return config, arch, expected, found, files
+    """`models.hf.scan_checkpoint` (headers only, checked like `from_pretrained`), with `found` mapping
+    each tensor to its file."""
+    config, arch, expected, found, files = hf.scan_checkpoint(path, dtype)
+    return config, arch, expected, {k: fname for k, (fname, _) in found.items()}, files
