@@ -24,7 +24,7 @@ _SELECT = ("sample", "argmax")
 # decode falls back to exact `ar`. Per-method defaults of (num_particles, num_speculative_tokens):
 # smc's were picked by experiments/sweep_arith.py (see README, "Defaults").
 DEFAULT_METHOD = "smc"
-METHOD_DEFAULTS = {"sd": (1, 4), "sd-multi": (4, 4), "smc": (16, 2)}
+METHOD_DEFAULTS = {"sd": (1, 4), "sd-multi": (4, 4), "smc": (64, 2)}
 
 
 def _check_int(name, value, minimum):
