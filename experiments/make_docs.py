@@ -36,7 +36,14 @@ RESULTS = os.path.join(REPO, "experiments", "results")
 DOCS = os.path.join(REPO, "docs")
 FIGURES = os.path.join(DOCS, "figures")
 # (file under experiments/results, section title, the script that writes it, preferred table columns or None)
+SWEEP_COLUMNS = ["label", "accuracy", "n", "tokens_per_s", "speedup_vs_ar", "target_calls_per_token", "acceptance_rate",
+                 "mean_ess_fraction"]
 OTHER_RESULTS = [
+    ("sweep_arith.json", "tiny-arith: accuracy and speed of every method (this grid picks smc's defaults)",
+     "experiments/sweep_arith.py", SWEEP_COLUMNS),
+    ("sweep_arith_large_n.json", "tiny-arith: smc with many particles",
+     "experiments/sweep_arith.py --sd-tokens --multi-particles --smc-particles 32 64 --smc-tokens 1 2 "
+     "--out experiments/results/sweep_arith_large_n.json", SWEEP_COLUMNS),
     ("exactness.json", "Exactness: distance of each method's samples to p_T", "experiments/exactness.py",
      ["setting", "label", "samples", "tv", "noise_tv", "noise_bound", "within_noise", "chi2_per_df", "pvalue",
       "acceptance_rate"]),
