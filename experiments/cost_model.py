@@ -7,7 +7,8 @@ devices, from measured acceptance / ESS statistics and a memory-bandwidth roofli
 
 Assumptions (also printed with every run and stored in the JSON):
  1. Every model call (draft or target forward) is a roofline call:
-        time = max(bytes / bandwidth, FLOPs / peak FLOP rate) + fixed overhead + sampling,
+        time = max(bytes / bandwidth, FLOPs / peak FLOP rate) + fixed overhead + sampling
+        (on a CPU the sum bytes / bandwidth + FLOPs / peak: its cores don't overlap the two),
     bytes = weights read + KV bytes attended, FLOPs = 2 × matmul params × tokens + attention
     (experiments/roofline.py: `call_bytes`, `call_flops`). Weights are read once per call, whatever
     the number of rows; KV bytes = rows × cache_len × layers × 2 × kv_heads × head_dim × dtype bytes
@@ -122,6 +123,9 @@ class Device:
     flops: float  # FLOP/s
     overhead_s: float  # fixed overhead per call per (layer + 1): a call of an L-layer model pays (L + 1) x this
     logits_row_s: float = 0.0  # turning one row's logits into a token (top-k/top-p sort + sample)
+    # Accelerators overlap weight/KV streaming with arithmetic (roofline: max of the two); a CPU core
+    # does one after the other, so there a call costs their sum.
+    overlap: bool = True
 
 
 DEVICES = {
@@ -190,7 +194,7 @@ def call_time(cfg, rows: int, T: int, cache_len: int, dev: Device, logit_rows: i
     mem = rf.call_bytes(cfg, rows, T, cache_len) / dev.bandwidth
     comp = rf.call_flops(cfg, rows, T, cache_len) / dev.flops
     logit_rows = rows * T if logit_rows is None else logit_rows
-    t = max(mem, comp) + call_overhead(cfg, dev) + logit_rows * dev.logits_row_s
+    t = (max(mem, comp) if dev.overlap else mem + comp) + call_overhead(cfg, dev) + logit_rows * dev.logits_row_s
     return t, ("memory" if mem >= comp else "compute")
 
 
@@ -332,7 +336,9 @@ def predict_this_machine(target, draft, cells: list[dict], consts: dict, B: int,
     tcfg, dcfg = target.config, draft.config
     ar = next(c for c in cells if c["method"] == "ar")
     prompt_len = _prompt_width(B)
-    zero = Device("this machine", consts["bandwidth_gbs"] * 1e9, consts["gflops"] * 1e9, 0.0, consts["logits_row_s"])
+    import jax
+    zero = Device("this machine", consts["bandwidth_gbs"] * 1e9, consts["gflops"] * 1e9, 0.0, consts["logits_row_s"],
+                  overlap=jax.devices()[0].platform != "cpu")
     units = M * (tcfg.num_hidden_layers + 1)  # prefill + one target call per further token, (L + 1) units each
     base = whole_decode_time("ar", tcfg, dcfg, B, 1, 1, prompt_len, ar["cache_len"], M, zero, stats)
     dev = dataclasses.replace(zero, overhead_s=max(0.0, (ar["wall_s"] - base) / units))
