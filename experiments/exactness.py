@@ -97,21 +97,9 @@ def tv_noise_sd(probs, n: int, reps: int = 2000, seed: int = 0) -> float:
 
 
 def chi_square(counts, probs, min_expected: float = 5.0) -> tuple[float, int]:
-    """Pearson's statistic and degrees of freedom, pooling cells with expected count < min_expected
-    (the same pooling as tests/toys.chi_square_pvalue). Samples in zero-probability cells give inf."""
-    counts, probs = np.asarray(counts, np.float64), np.asarray(probs, np.float64)
-    n = counts.sum()
-    if np.any(counts[probs <= 0] > 0):
-        return float("inf"), max(int((probs > 0).sum()) - 1, 1)
-    expected = probs * n
-    big = expected >= min_expected
-    obs = np.append(counts[big], counts[~big].sum())
-    exp = np.append(expected[big], expected[~big].sum())
-    keep = exp > 0
-    obs, exp = obs[keep], exp[keep]
-    if len(obs) <= 1:
-        return 0.0, 0
-    return float(((obs - exp) ** 2 / exp).sum()), len(obs) - 1
+    """Pearson's statistic and degrees of freedom, pooled as tests/toys.chi_square_pvalue does (the same
+    function: `toys.chi_square_statistic`). Samples in zero-probability cells give inf."""
+    return _toys().chi_square_statistic(counts, probs, min_expected)
 
 
 def smc_support_gap(toys, target, draft, K: int, sampling: dict) -> float:

@@ -63,14 +63,14 @@ def sample_counts(method, target, draft, prompt, length, num_samples, batch=2000
     return counts
 
 
-def chi_square_pvalue(counts, probs, min_expected=5.0) -> float:
-    """Pearson chi-square goodness of fit; cells with expected count < min_expected are pooled (the
-    usual validity condition of the chi-square approximation). Zero-probability cells that received
-    samples make the p-value 0 (an impossible outcome is a definite failure)."""
+def chi_square_statistic(counts, probs, min_expected=5.0) -> tuple[float, int]:
+    """Pearson's statistic and degrees of freedom; cells with expected count < min_expected are pooled
+    (the usual validity condition of the chi-square approximation). Samples in zero-probability cells
+    give an infinite statistic (an impossible outcome is a definite failure)."""
     counts, probs = np.asarray(counts, np.float64), np.asarray(probs, np.float64)
     n = counts.sum()
     if np.any(counts[probs <= 0] > 0):
-        return 0.0
+        return float("inf"), max(int((probs > 0).sum()) - 1, 1)
     expected = probs * n
     big = expected >= min_expected
     obs = np.append(counts[big], counts[~big].sum())
@@ -78,9 +78,19 @@ def chi_square_pvalue(counts, probs, min_expected=5.0) -> float:
     keep = exp > 0
     obs, exp = obs[keep], exp[keep]
     if len(obs) <= 1:  # a single possible outcome, and every sample landed on it
+        return 0.0, 0
+    return float(((obs - exp) ** 2 / exp).sum()), len(obs) - 1
+
+
+def chi_square_pvalue(counts, probs, min_expected=5.0) -> float:
+    """Goodness-of-fit p-value of `chi_square_statistic` (0 for an impossible outcome, 1 when only one
+    outcome is possible)."""
+    stat, df = chi_square_statistic(counts, probs, min_expected)
+    if stat == float("inf"):
+        return 0.0
+    if df == 0:
         return 1.0
-    stat = ((obs - exp) ** 2 / exp).sum()
-    return float(sps.chi2.sf(stat, df=len(obs) - 1))
+    return float(sps.chi2.sf(stat, df=df))
 
 
 def total_variation(counts, probs) -> float:
