@@ -2,6 +2,7 @@
 
 from .cache import KVCache, init_cache
 from .config import ModelConfig
+from .gguf import from_gguf
 from .hf import from_pretrained, save_pretrained
 from .lm import LanguageModel, forward_cached, forward_full, init_model
 from .tokenizer import ByteTokenizer, HFTokenizer
@@ -10,5 +11,5 @@ from .transformer import Transformer
 __all__ = [
     "ByteTokenizer", "HFTokenizer", "KVCache", "LanguageModel", "ModelConfig", "Transformer",
     "forward_cached", "forward_full", "init_cache", "init_model",
-    "from_pretrained", "save_pretrained",
+    "from_gguf", "from_pretrained", "save_pretrained",
 ]

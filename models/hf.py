@@ -375,8 +375,14 @@ def from_pretrained(path: str, dtype: str | None = None, *, tokenizer: bool = Tr
     path: a directory with config.json, *.safetensors (+ model.safetensors.index.json when sharded)
     and optionally tokenizer.json. dtype: "float32" / "bfloat16" / "float16" for the params; default
     the config's torch_dtype (float32 when absent). Logits are float32 whatever the dtype.
+    A `.gguf` file, or a directory holding one and no config.json, is read by `models.gguf.from_gguf`.
     """
     path = os.fspath(path)
+    from .gguf import find_gguf, from_gguf
+
+    gguf_file = find_gguf(path)
+    if gguf_file is not None:
+        return from_gguf(gguf_file, dtype, tokenizer=tokenizer, name=name)
     config, arch, expected, found, files = scan_checkpoint(path, dtype)
 
     # 2. Preallocate one stacked array per param, then fill it shard by shard, tensor by tensor.
