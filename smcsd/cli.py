@@ -1,6 +1,8 @@
-"""The `smcsd` command line: `generate` text, `bench` the methods' speed, `eval` arithmetic accuracy.
+"""The `smcsd` command line: `generate` text, `chat` with an instruct model, `fetch` a model, `bench` the
+methods' speed, `eval` arithmetic accuracy.
 
     smcsd generate "def fibonacci(n):" --method smc --num-particles 8
+    smcsd fetch smollm2-135m && smcsd chat "What is the capital of France?"
     smcsd bench --methods ar sd smc --batch-sizes 1 4 --out bench.json
     smcsd eval --method smc --limit 100
 
@@ -24,6 +26,8 @@ from pathlib import Path
 
 PROG = "smcsd"
 DEFAULT_MODEL = "tiny-code"
+CHAT_MODEL = "smollm2-135m"  # the default of `smcsd chat` (downloaded by `smcsd fetch smollm2-135m`)
+CHAT_EXIT = ("/exit", "/quit")
 RANDOM_MODEL = "random"
 KNOWN_METHODS = ("ar", "sd", "sd-multi", "smc")  # for --help only; the registry is the authority
 EXPERIMENTS = {"bench": "bench_speed.py", "eval": "eval_arith.py"}
@@ -146,8 +150,8 @@ def load_models(model: str | None = None, target_dir: str | None = None, draft_d
     return smcsd.load(name)
 
 
-def add_model_args(p: argparse.ArgumentParser) -> None:
-    g = p.add_argument_group("models (default: the shipped tiny-code pair)")
+def add_model_args(p: argparse.ArgumentParser, default: str = "the shipped tiny-code pair") -> None:
+    g = p.add_argument_group(f"models (default: {default})")
     g.add_argument("--model", metavar="NAME", default=None,
                    help=f"a shipped pair (see smcsd.available_models(), e.g. {DEFAULT_MODEL}, tiny-arith) or "
                         f"'{RANDOM_MODEL}' for a small randomly initialised pair (noise text, real timing)")
@@ -181,16 +185,19 @@ def _json_safe(obj):
     return obj
 
 
+def _decode_kwargs(args) -> dict:
+    """smcsd.decode's keyword arguments from the options of `add_decode_args`."""
+    return dict(method=args.method, max_new_tokens=args.max_new_tokens, temperature=args.temperature,
+                top_k=args.top_k, top_p=args.top_p, seed=args.seed, num_speculative_tokens=args.num_speculative_tokens,
+                num_particles=args.num_particles, draft_temperature=args.draft_temperature,
+                ess_threshold=args.ess_threshold, resampler=args.resampler, alpha=args.alpha, select=args.select)
+
+
 def cmd_generate(args) -> int:
     import smcsd
     target, draft = load_models(args.model, args.target, args.draft)
     prompts = _read_prompts(args.prompt)
-    res = smcsd.decode(prompts, target=target, draft=draft, method=args.method,
-                       max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_k=args.top_k,
-                       top_p=args.top_p, seed=args.seed, num_speculative_tokens=args.num_speculative_tokens,
-                       num_particles=args.num_particles, draft_temperature=args.draft_temperature,
-                       ess_threshold=args.ess_threshold, resampler=args.resampler, alpha=args.alpha,
-                       select=args.select)
+    res = smcsd.decode(prompts, target=target, draft=draft, **_decode_kwargs(args))
     texts = res.texts if res.texts is not None else [" ".join(map(str, t)) for t in res.tokens]
     if args.json:
         stats = res.stats.to_dict()
@@ -221,6 +228,94 @@ method | tokens | tokens/s | target calls | tokens per target call | acceptance 
 """
 
 
+# ----------------------------------------------------------------------------------- chat / fetch
+
+def load_chat_models(model: str | None = None, target_dir: str | None = None, draft_dir: str | None = None):
+    """(target, draft) for chat: like `load_models`, but the default is CHAT_MODEL (fetched beforehand), and
+    the target must have a chat template."""
+    if model is not None or target_dir or draft_dir:
+        loaded = load_models(model, target_dir, draft_dir)
+    else:
+        import smcsd
+        how = (f"run 'smcsd fetch {CHAT_MODEL}' to download it, or pass --target DIR (a local checkpoint of a "
+               "chat model)")
+        if CHAT_MODEL not in smcsd.available_models():
+            raise CLIError(f"the default chat model {CHAT_MODEL} is not available; {how}")
+        try:
+            loaded = smcsd.load(CHAT_MODEL)
+        except (OSError, ValueError) as e:
+            raise CLIError(f"the default chat model {CHAT_MODEL} could not be loaded ({e}); {how}") from None
+    target, draft = loaded if isinstance(loaded, tuple) else (loaded, None)
+    if getattr(target.tokenizer, "chat_template", None) is None:
+        raise CLIError(f"model {getattr(target, 'name', '?')!r} has no chat template, so it cannot chat; use a "
+                       f"chat (instruct) model: --model {CHAT_MODEL} or --target DIR with a chat_template in "
+                       "its tokenizer_config.json")
+    return target, draft
+
+
+def _user_turns(first: str | None):
+    """The user's messages: `first` alone (MESSAGE; '-' reads stdin whole), else stdin lines up to EOF or /exit."""
+    if first is not None:
+        text = sys.stdin.read() if first == "-" else first
+        if not text.strip():
+            raise CLIError("MESSAGE is empty: give the text to answer (or omit it to chat interactively)")
+        yield text
+        return
+    interactive = sys.stdin.isatty()
+    if interactive:
+        print(f"(type a message and press Enter; {CHAT_EXIT[0]} or Ctrl-D quits)", file=sys.stderr)
+    while True:
+        if interactive:
+            print("> ", end="", file=sys.stderr, flush=True)
+        line = sys.stdin.readline()
+        if not line or line.strip() in CHAT_EXIT:
+            return
+        if line.strip():
+            yield line.rstrip("\n")
+
+
+def cmd_chat(args) -> int:
+    import smcsd
+    target, draft = load_chat_models(args.model, args.target, args.draft)
+    history = [{"role": "system", "content": args.system}] if args.system else []
+    kwargs = _decode_kwargs(args)
+    for text in _user_turns(args.message):
+        history.append({"role": "user", "content": text})
+        res = smcsd.decode(messages=history, target=target, draft=draft, **kwargs)
+        answer = res.texts[0].strip()
+        history.append({"role": "assistant", "content": answer})
+        print(answer, flush=True)
+        if args.stats:
+            print(res.stats.summary(), flush=True)
+    return 0
+
+
+def cmd_fetch(args) -> int:
+    try:
+        from models.registry import fetch
+    except ImportError as e:
+        raise CLIError(f"'smcsd fetch' needs models.registry, which this installation lacks ({e})") from None
+    try:
+        path = fetch(args.name)
+    except OSError as e:  # network or disk trouble: one line, not a traceback
+        raise CLIError(f"fetching {args.name} failed: {e}") from None
+    print(path)
+    return 0
+
+
+CHAT_EPILOG = f"""\
+examples:
+  smcsd fetch {CHAT_MODEL}                              # once: download the default chat model
+  smcsd chat "What is the capital of France?"            # one answer, then exit
+  smcsd chat --system "Answer in one sentence." --temperature 0
+  smcsd chat --target ./my-instruct-model --max-new-tokens 128 "Hi!"
+  echo "Write a haiku about the sea." | smcsd chat -
+
+Without MESSAGE, each line read from stdin is a user turn; the conversation is kept, and each answer is
+printed in turn. Stop with {CHAT_EXIT[0]} or end of input (Ctrl-D).
+"""
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = OneLineParser(
         prog=PROG, formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -230,6 +325,7 @@ def build_parser() -> argparse.ArgumentParser:
                     "tokens per cycle, importance weights, resampling, no rollback).",
         epilog="examples:\n"
                "  smcsd generate \"def fibonacci(n):\" --method smc --num-particles 4\n"
+               "  smcsd fetch smollm2-135m && smcsd chat \"Name three primary colours.\"\n"
                "  smcsd bench --methods ar sd smc --batch-sizes 1 4 --out bench.json\n"
                "  smcsd eval --method sd --limit 100\n\n"
                "Run 'smcsd COMMAND --help' for a command's options.")
@@ -243,17 +339,58 @@ def build_parser() -> argparse.ArgumentParser:
                        formatter_class=argparse.RawDescriptionHelpFormatter)
     g.add_argument("prompt", nargs="+", metavar="PROMPT",
                    help="the prompt text (several PROMPTs decode as one batch; '-' reads one from stdin)")
-    g.add_argument("--method", type=method_type, default=None, metavar="METHOD",
+    add_decode_args(g)
+    add_model_args(g)
+    o = g.add_argument_group("output")
+    o.add_argument("--echo", action="store_true", help="print the prompt before the continuation")
+    o.add_argument("--no-stats", action="store_true", help="do not print the stats line")
+    o.add_argument("--json", action="store_true", help="print one JSON object: texts, tokens and all stats")
+    g.set_defaults(func=cmd_generate)
+
+    c = sub.add_parser("chat", help="chat with an instruct model: answer MESSAGE, or talk interactively",
+                       description="Chat with an instruct model through its chat template: answer MESSAGE once,\n"
+                                   "or without it read user turns from stdin (one per line) until EOF or /exit,\n"
+                                   "keeping the conversation.", epilog=CHAT_EPILOG,
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
+    c.add_argument("message", nargs="?", default=None, metavar="MESSAGE",
+                   help="answer this one message and exit ('-' reads it from stdin); omit it to chat interactively")
+    c.add_argument("--system", metavar="TEXT", default=None, help="a system message that opens the conversation")
+    add_decode_args(c, max_new_tokens=256)
+    add_model_args(c, default=f"{CHAT_MODEL}, after 'smcsd fetch {CHAT_MODEL}'")
+    c.add_argument_group("output").add_argument("--stats", action="store_true",
+                                                help="print a line of stats after each answer")
+    c.set_defaults(func=cmd_chat)
+
+    f = sub.add_parser("fetch", help="download a model by name and print its local path",
+                       description="Download a model (e.g. smollm2-135m) into the local model store, so "
+                                   "smcsd.load(NAME) and 'smcsd chat --model NAME' find it; prints its path.")
+    f.add_argument("name", metavar="NAME", help=f"the model's name, e.g. {CHAT_MODEL}")
+    f.set_defaults(func=cmd_fetch)
+
+    for name, script in EXPERIMENTS.items():
+        what = ("speed of methods x particles x draft length x batch size: tokens/s, speed-up vs ar, "
+                "target calls per token, acceptance, ESS; JSON, markdown table, speed-vs-accuracy plot"
+                if name == "bench" else
+                "exact-match accuracy of a method on the tiny-arith test set (JSON result)")
+        sub.add_parser(name, help=what, add_help=False,
+                       description=f"Runs experiments/{script}; see 'smcsd {name} --help'.")
+    return parser
+
+
+def add_decode_args(p: argparse.ArgumentParser, max_new_tokens: int = 64) -> None:
+    """The decoding options shared by generate and chat: method, length, sampling, speculative settings."""
+    p.add_argument("--method", type=method_type, default=None, metavar="METHOD",
                    help=f"one of {', '.join(KNOWN_METHODS)} (default: smc with a draft, else ar)")
-    g.add_argument("--max-new-tokens", type=positive_int, default=64, metavar="N",
-                   help="tokens to generate per prompt, fewer if EOS comes first (default: 64)")
-    s = g.add_argument_group("sampling: the target distribution p_T every method samples from")
+    p.add_argument("--max-new-tokens", type=positive_int, default=max_new_tokens, metavar="N",
+                   help=f"tokens to generate per prompt or answer, fewer if a stop token comes first "
+                        f"(default: {max_new_tokens})")
+    s = p.add_argument_group("sampling: the target distribution p_T every method samples from")
     s.add_argument("--temperature", type=temperature_type, default=0.7, metavar="T",
                    help="0 = greedy (default: 0.7)")
     s.add_argument("--top-k", type=nonneg_int, default=0, metavar="K", help="0 = off (default: 0)")
     s.add_argument("--top-p", type=top_p_type, default=1.0, metavar="P", help="1 = off (default: 1)")
     s.add_argument("--seed", type=nonneg_int, default=0, help="random seed (default: 0)")
-    sp = g.add_argument_group("speculative methods (sd, sd-multi, smc)")
+    sp = p.add_argument_group("speculative methods (sd, sd-multi, smc)")
     sp.add_argument("--num-speculative-tokens", "-K", type=positive_int, default=None, metavar="K",
                     help="draft tokens proposed per target call (default: the method's, see README)")
     sp.add_argument("--num-particles", "-N", type=positive_int, default=None, metavar="N",
@@ -268,21 +405,6 @@ def build_parser() -> argparse.ArgumentParser:
                     help="smc: target p_T^alpha (1 = p_T itself; default: 1)")
     sp.add_argument("--select", choices=("sample", "argmax"), default="sample",
                     help="smc: output particle drawn by weight, or the heaviest (default: sample)")
-    add_model_args(g)
-    o = g.add_argument_group("output")
-    o.add_argument("--echo", action="store_true", help="print the prompt before the continuation")
-    o.add_argument("--no-stats", action="store_true", help="do not print the stats line")
-    o.add_argument("--json", action="store_true", help="print one JSON object: texts, tokens and all stats")
-    g.set_defaults(func=cmd_generate)
-
-    for name, script in EXPERIMENTS.items():
-        what = ("speed of methods x particles x draft length x batch size: tokens/s, speed-up vs ar, "
-                "target calls per token, acceptance, ESS; JSON, markdown table, speed-vs-accuracy plot"
-                if name == "bench" else
-                "exact-match accuracy of a method on the tiny-arith test set (JSON result)")
-        sub.add_parser(name, help=what, add_help=False,
-                       description=f"Runs experiments/{script}; see 'smcsd {name} --help'.")
-    return parser
 
 
 # ----------------------------------------------------------------------------------- bench / eval
