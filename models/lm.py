@@ -14,12 +14,19 @@ import numpy as np
 from . import sharding as _sharding
 from .cache import KVCache, init_cache
 from .config import ModelConfig
-from .transformer import Transformer
+from .transformer import Transformer, apply_unrolled, layers_unstacked, stack_layers, unstack_layers
 
 
 @functools.lru_cache(maxsize=None)
 def _module(config: ModelConfig) -> Transformer:
     return Transformer(config)
+
+
+def _apply(config: ModelConfig, params, tokens, positions, kv, hidden_layers):
+    """The model's forward for either params layout (stacked for nn.scan, or per-layer: `unstack_layers`)."""
+    if layers_unstacked(params):
+        return apply_unrolled(config, params, tokens, positions, kv, hidden_layers=tuple(hidden_layers))
+    return _module(config).apply({"params": params}, tokens, positions, kv, hidden_layers=tuple(hidden_layers))
 
 
 def forward_cached(config: ModelConfig, params, tokens, cache: KVCache, num_valid=None,
@@ -35,8 +42,7 @@ def forward_cached(config: ModelConfig, params, tokens, cache: KVCache, num_vali
         raise ValueError(f"cannot write {T} tokens into a cache of max_len {cache.max_len}; "
                          f"allocate a larger cache (init_cache(batch, max_len=...))")
     positions = cache.lengths[:, None] + jnp.arange(T, dtype=jnp.int32)[None, :]
-    logits, (k, v), hidden = _module(config).apply(
-        {"params": params}, tokens, positions, (cache.k, cache.v), hidden_layers=tuple(hidden_layers))
+    logits, (k, v), hidden = _apply(config, params, tokens, positions, (cache.k, cache.v), hidden_layers)
     advance = T if num_valid is None else jnp.asarray(num_valid, jnp.int32)
     new_cache = _sharding.constrain_cache(KVCache(k=k, v=v, lengths=cache.lengths + advance))  # no-op w/o mesh
     if hidden_layers:
@@ -48,8 +54,7 @@ def forward_full(config: ModelConfig, params, tokens, hidden_layers: Sequence[in
     """Full-sequence logits `float32[B, T, V]` with plain causal attention and no cache."""
     T = tokens.shape[1]
     positions = jnp.broadcast_to(jnp.arange(T, dtype=jnp.int32), tokens.shape)
-    logits, _, hidden = _module(config).apply({"params": params}, tokens, positions, None,
-                                              hidden_layers=tuple(hidden_layers))
+    logits, _, hidden = _apply(config, params, tokens, positions, None, hidden_layers)
     return (logits, hidden) if hidden_layers else logits
 
 
@@ -88,6 +93,29 @@ class LanguageModel:
         if tokens.ndim != 2:
             raise ValueError(f"tokens must be [batch, length], got shape {tokens.shape}")
         return _jitted_full(self.config)(self.params, tokens)
+
+    def astype(self, dtype: str) -> "LanguageModel":
+        """The same model with params (and KV cache) in `dtype` ("float32", "bfloat16", "float16")."""
+        if dtype not in ("float32", "bfloat16", "float16"):
+            raise ValueError(f"dtype must be 'float32', 'bfloat16' or 'float16', got {dtype!r}")
+        config = dataclasses.replace(self.config, dtype=dtype)
+        params = jax.tree_util.tree_map(lambda x: jnp.asarray(x, config.jnp_dtype), self.params)
+        return dataclasses.replace(self, config=config, params=params)
+
+    def decode_params(self):
+        """The params as the compiled decode programs take them on this backend (cached per params object).
+
+        On CPU the layers are unstacked into per-layer buffers (`unstack_layers`: XLA:CPU copies each
+        layer's weights out of stacked arrays on every call, ~2.5x a step's memory traffic); this keeps a
+        second copy of the layer weights while the model lives. Elsewhere: `params` as they are.
+        """
+        if jax.default_backend() != "cpu" or layers_unstacked(self.params):
+            return self.params
+        cached = self.__dict__.get("_decode_params")
+        if cached is None or cached[0] is not self.params:
+            cached = (self.params, unstack_layers(self.params))
+            self.__dict__["_decode_params"] = cached
+        return cached[1]
 
     @property
     def num_params(self) -> int:

@@ -9,12 +9,12 @@ from . import sd as _sd  # noqa: F401  (registers "sd", "sd-multi")
 from . import smc as _smc  # noqa: F401  (registers "smc")
 from .decode import available_methods, decode
 from .mesh import make_mesh
-from models.shipped import available_shipped as available_models, load_shipped as load  # noqa: E402
+from models.registry import available_models, fetch, load_pair as load  # noqa: E402
 from .sampling import SamplingParams, process_logits
 from .stats import DecodeResult, DecodeStats
 
 __version__ = "0.1.0"
 
 __all__ = ["DecodeResult", "DecodeStats", "SamplingParams", "available_methods", "decode", "process_logits"]
-__all__ += ["available_models", "load"]
+__all__ += ["available_models", "fetch", "load"]
 __all__ += ["make_mesh"]

@@ -114,9 +114,64 @@ def _resolve_models(target, draft):
     return target, draft
 
 
+_WARNED_SLOW_DTYPE = False
+
+
+def _warn_half_precision_on_cpu(*models) -> None:
+    """Once per process: half-precision params on XLA:CPU are slow (float32 is the fast path there)."""
+    global _WARNED_SLOW_DTYPE
+    if _WARNED_SLOW_DTYPE or jax.default_backend() != "cpu":
+        return
+    slow = [m for m in models if m is not None and m.config.dtype in ("bfloat16", "float16")]
+    if slow:
+        _WARNED_SLOW_DTYPE = True
+        warnings.warn(f"{slow[0].name} has {slow[0].config.dtype} params on CPU, where XLA's half-precision "
+                      "matmuls ran 5-10x slower than float32 (measured on a 135M model); compute in float32: "
+                      "model.astype('float32'), or load with dtype='float32'", stacklevel=3)
+
+
+def _check_prompt_or_messages(prompt, messages) -> None:
+    """Exactly one of prompt / messages: they are two spellings of the same requests."""
+    if prompt is None and messages is None:
+        raise ValueError("decode needs a prompt (text or token ids) or messages=[{\"role\": \"user\", "
+                         "\"content\": ...}] (a chat, rendered with the target's chat template); pass one")
+    if prompt is not None and messages is not None:
+        raise ValueError("pass either prompt or messages, not both: messages are rendered into the prompt "
+                         "with the target tokenizer's chat template")
+
+
+def _conversations(messages) -> list:
+    """messages as a list of conversations: one conversation (a list of message dicts) or a list of them."""
+    if isinstance(messages, (list, tuple)) and messages and all(isinstance(c, (list, tuple)) for c in messages):
+        return list(messages)
+    return [messages]  # one conversation; models.chat checks its form
+
+
+def _render_messages(messages, tokenizer) -> list[list[int]]:
+    """Token ids of each conversation under the tokenizer's chat template (no BOS added: templates write it)."""
+    if tokenizer is None:
+        raise ValueError("messages need the target's tokenizer and chat template, but the target model has no "
+                         "tokenizer; attach one (LanguageModel(..., tokenizer=...)) or pass prompt= token ids")
+    if getattr(tokenizer, "chat_template", None) is None or not hasattr(tokenizer, "apply_chat_template"):
+        raise ValueError(f"messages need a chat template, but the target's tokenizer {tokenizer!r} has no chat "
+                         "template; use a chat (instruct) model, set target.tokenizer.chat_template to a Jinja "
+                         "template, or pass prompt= with the text already formatted")
+    conversations = _conversations(messages)
+    requests = []
+    for i, conversation in enumerate(conversations):
+        try:
+            requests.append(tokenizer.apply_chat_template(conversation, add_generation_prompt=True, tokenize=True))
+        except (TypeError, ValueError) as e:
+            if len(conversations) == 1:
+                raise
+            raise type(e)(f"conversation {i}: {e}") from None
+    return requests
+
+
 def decode(
-    prompt,
+    prompt=None,
     *,
+    messages=None,
     target: LanguageModel | None = None,
     draft: LanguageModel | None = None,
     method: str | None = None,
@@ -139,16 +194,22 @@ def decode(
     """Decode `max_new_tokens` (or until a stop token) for each request with `method`.
 
     prompt: a string, a list of strings, a list of token ids (one request) or a list of lists.
+    messages: instead of prompt, a chat: one conversation (a list of {"role": ..., "content": ...} dicts) or a
+    list of them, each rendered with the target tokenizer's chat template (with the assistant header) and
+    decoded as its token ids; stop ids then default to the tokenizer's `end_of_turn_ids`.
     method: "ar" (exact reference) or a registered speculative method (see `smcsd.available_methods()`).
     temperature / top_k / top_p define the target distribution p_T every method samples from
     (temperature 0 = greedy); draft_temperature (default: temperature) shapes the draft's proposals
     (sd/sd-multi also truncate them with top_k/top_p; smc does not, so they cover p_T's support).
-    eos_id: stop token id(s); default the tokenizer's EOS (EOS is included in the output).
+    eos_id: stop token id(s); default the tokenizer's EOS, or with messages its end-of-turn tokens (the stop
+    token is included in the output; `texts` drop special tokens).
     mesh: a `jax.sharding.Mesh` with axes ("data", "model") (`smcsd.make_mesh`): requests x particles
     sharded over "data" (it must divide the number of requests), weights over "model"; see smcsd/mesh.py.
     Returns a `DecodeResult` with the new tokens per request (in request order), texts, and stats.
     """
+    _check_prompt_or_messages(prompt, messages)
     target, draft = _resolve_models(target, draft)
+    _warn_half_precision_on_cpu(target, draft)
     if method is None:
         method = DEFAULT_METHOD if draft is not None else "ar"
     if not isinstance(method, str) or method not in METHODS:
@@ -187,6 +248,10 @@ def decode(
                           "(flagged in stats.all_weights_neg_inf). Use method='sd' for exact greedy decoding, or "
                           "set draft_temperature > 0 so particles explore.", stacklevel=2)
 
+    if messages is not None:  # a chat: rendered with the target's template, stopped at its end of turn
+        prompt = _render_messages(messages, target.tokenizer)
+        if eos_id is None:
+            eos_id = list(getattr(target.tokenizer, "end_of_turn_ids", None) or []) or None
     requests, _ = _normalize_prompts(prompt, target.tokenizer, target.config.vocab_size)
     stops = _stop_ids(eos_id, target.tokenizer, target.config, target.config.vocab_size)
 
@@ -235,9 +300,11 @@ def decode(
         draft_sampling=_sampling.SamplingParams.make(draft_temperature, *draft_truncation),
         max_new_tokens=jnp.asarray(max_new_tokens, jnp.int32), stop_ids=jnp.asarray(stop_arr),
         ess_threshold=jnp.asarray(ess_threshold, jnp.float32), alpha=jnp.asarray(alpha, jnp.float32))
-    draft_params = draft.params if draft is not None else None
     draft_cfg = draft.config if draft is not None else None
-    args = (target.params, draft_params, inputs)
+    if mesh is None:  # per-layer weight buffers on CPU (LanguageModel.decode_params)
+        args = (target.decode_params(), draft.decode_params() if draft is not None else None, inputs)
+    else:
+        args = (target.params, draft.params if draft is not None else None, inputs)
 
     if mesh is not None:  # validate against the batch, put params/inputs on the mesh (smcsd/mesh.py)
         from .mesh import place_args

@@ -90,7 +90,8 @@ def compiled_program(method: MethodDef, target_cfg: ModelConfig, draft_cfg, spec
 
     With a `mesh` (args already placed by `smcsd.mesh.place_args`) it is compiled with sharded
     in/out shardings and cache constraints (`smcsd.mesh.compile_sharded`)."""
-    key = (method.name, target_cfg, draft_cfg, spec) + ((mesh,) if mesh is not None else ())
+    layout = jax.tree_util.tree_structure(args[:2])  # stacked or per-layer params compile differently
+    key = (method.name, target_cfg, draft_cfg, spec, layout) + ((mesh,) if mesh is not None else ())
     if key in _COMPILED:
         return _COMPILED[key], 0.0
     fn = method.build(target_cfg, draft_cfg, spec)

