@@ -233,17 +233,24 @@ def load_pair(name: str):
     """(target, draft, source): the shipped pair `name` if installed, else a random pair of its size."""
     if REPO not in sys.path:
         sys.path.insert(0, REPO)
+    from models.registry import FETCHABLE, load_pair as load_named
     from models.shipped import available_shipped, load_shipped
+    if name in FETCHABLE:  # a real model from the user cache (fetched once); its draft may be None
+        t, d = load_named(name)
+        return t, d, "fetched"
     if name != "random" and name in available_shipped():
         t, d = load_shipped(name)
         return t, d, "shipped"
     if name not in ("random", "tiny-code", "tiny-arith"):
-        raise ValueError(f"unknown --model {name!r}: use tiny-code, tiny-arith or random")
+        raise ValueError(f"unknown --model {name!r}: use tiny-code, tiny-arith, random or one of "
+                         f"{', '.join(sorted(FETCHABLE))}")
     t, d = random_pair_like(name)
     return t, d, "random"
 
 
-def _model_info(m) -> dict:
+def _model_info(m) -> dict | None:
+    if m is None:
+        return None
     c = m.config
     return {"name": m.name, "params": c.num_params, "param_bytes": c.num_params * _DTYPE_BYTES[c.dtype],
             "layers": c.num_hidden_layers, "hidden": c.hidden_size, "heads": c.num_attention_heads,
@@ -264,12 +271,13 @@ def time_forward(model, rows: int, tokens_per_row: int, context: int, cache_len:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         fn = jax.jit(lambda p, t, c: forward_cached(cfg, p, t, c), donate_argnums=2)
+        params = model.decode_params()  # the layout decode runs (per-layer weight buffers on CPU)
         tokens = jnp.full((rows, tokens_per_row), 7 % cfg.vocab_size, jnp.int32)
         lengths = np.full((rows,), context, np.int32)  # host template: the device copies are donated
         box = {"cache": model.init_cache(rows, cache_len).replace(lengths=jnp.asarray(lengths))}
 
         def call(_):
-            logits, box["cache"] = fn(model.params, tokens, box["cache"])
+            logits, box["cache"] = fn(params, tokens, box["cache"])
             return logits
 
         def reset(out):
@@ -304,7 +312,7 @@ def time_smc_cycle(target, draft, batch: int, particles: int, K: int, context: i
                         stop_ids=jnp.asarray([-1], jnp.int32),
                         ess_threshold=jnp.asarray(ess_threshold, jnp.float32), alpha=jnp.asarray(1.0, jnp.float32))
     init, cycle, _ = program_parts(target.config, draft.config, spec)
-    s0 = jax.block_until_ready(jax.jit(init)(target.params, draft.params, inp))
+    s0 = jax.block_until_ready(jax.jit(init)(target.decode_params(), draft.decode_params(), inp))
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         cyc = jax.jit(cycle, donate_argnums=3)
@@ -313,7 +321,7 @@ def time_smc_cycle(target, draft, batch: int, particles: int, K: int, context: i
         box = {"s": s0}
 
         def call(_):
-            box["s"] = cyc(target.params, draft.params, inp, box["s"])
+            box["s"] = cyc(target.decode_params(), draft.decode_params(), inp, box["s"])
             return box["s"]
 
         def reset(s):  # back to the post-prefill lengths so every timed cycle attends the same cache
@@ -347,7 +355,7 @@ def _row(label, kind, model, rows, T, cache_len, nbytes, flops, t, runs, bw_gbs)
 def measure_calls(target, draft, *, batches, smc_batch, particles, K, context, cache_len, repeats, bw_gbs,
                   progress=True) -> list[dict]:
     rows = []
-    tc, dc = target.config, draft.config
+    tc = target.config
     R = smc_batch * particles
 
     def log(r):
@@ -364,6 +372,9 @@ def measure_calls(target, draft, *, batches, smc_batch, particles, K, context, c
         t, runs = time_forward(target, r, K + 1, context, cache_len, repeats)
         log(_row(f"target verify K+1={K + 1} rows={r}", "verify", "target", r, K + 1, cache_len,
                  call_bytes(tc, r, K + 1, cache_len), call_flops(tc, r, K + 1, cache_len), t, runs, bw_gbs))
+    if draft is None:  # a target alone (e.g. a fetched model without a drafter): no draft or SMC rows
+        return rows
+    dc = draft.config
     for r in dict.fromkeys([1, R]):
         t, runs = time_forward(draft, r, 1, context, cache_len, repeats)
         log(_row(f"draft decode step rows={r}", "draft", "draft", r, 1, cache_len, call_bytes(dc, r, 1, cache_len),
@@ -403,7 +414,8 @@ def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", default="tiny-code", help="tiny-code | tiny-arith (shipped if installed, else a "
-                                                          "random pair of that size) | random")
+                                                          "random pair of that size) | random | smollm2-135m "
+                                                          "(the real target, from the user cache)")
     ap.add_argument("--batches", type=int, nargs="+", default=None, help="decode-step batch sizes (default 1 32)")
     ap.add_argument("--smc-batch", type=int, default=1, help="requests B of the SMC cycle")
     ap.add_argument("--num-particles", type=int, default=8, help="particles N of the SMC cycle")
@@ -434,8 +446,9 @@ def main(argv=None) -> int:
     array_mib = args.array_mib or (128 if args.quick else (256 if platform == "cpu" else 512))
     matmul_n = args.matmul_n or (1024 if platform == "cpu" else 8192)
     target, draft, source = load_pair(args.model)
-    print(f"roofline on {device}; model {args.model} ({source}): target {target.num_params / 1e6:.2f}M, "
-          f"draft {draft.num_params / 1e6:.2f}M params", flush=True)
+    print(f"roofline on {device}; model {args.model} ({source}): target {target.num_params / 1e6:.2f}M"
+          + (f", draft {draft.num_params / 1e6:.2f}M params" if draft is not None else " params, no draft"),
+          flush=True)
     bw = measure_bandwidth(array_mib, max(repeats, 5))
     print(f"bandwidth ({array_mib} MiB float32): jax reduce {bw['jax_reduce_gbs']:.1f} GB/s, rows-reduce "
           f"{bw['jax_reduce_rows_gbs']:.1f}, donated update (r+w) {bw['jax_update_gbs']:.1f}; numpy sum "

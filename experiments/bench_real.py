@@ -1,0 +1,218 @@
+"""`ar` on the real SmolLM2-135M-Instruct target against this machine's weights-only ceiling and transformers.
+
+    python experiments/bench_real.py                                   # ours + ceiling
+    python experiments/bench_real.py --peer-python /path/to/venv/bin/python   # + transformers (needs torch,
+                                                                       #   transformers, gguf, accelerate there)
+
+For each batch size (1, 4, 16) and prompt (a short chat turn, a ~300-token passage to summarise), one run
+measures, side by side:
+- ours: `smcsd.decode(method="ar")`, T=0.7, no stop token, `--new-tokens` new tokens per row; tokens/s =
+  rows x new tokens / the program's wall time (prefill included, compile excluded; median of --repeats);
+- the ceiling: a jitted chain of this model's weight matmuls for one token per row (q, k, v, o, gate, up,
+  down per layer and the LM head; per-layer weight buffers, no attention, no sampling): rows / its time
+  is the most tokens/s any decoder of these float32 weights can reach here;
+- transformers (optional, in the --peer-python interpreter, torch threads = this machine's cores): the
+  same GGUF loaded in float32, `generate(do_sample=True, temperature=0.7, top_k=0)` with
+  min_new_tokens = max_new_tokens, same prompt ids, timed the same way.
+Rounds interleave ours and the ceiling; the peer runs in its own process after them (the machine is
+shared: compare ratios within one run). Prints a markdown table, writes JSON (--out).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+PASSAGE = (
+    "The lighthouse at the end of the harbour was built in 1871, when the town still lived from fishing and "
+    "the small trade in salt and timber that came down the river. Its keeper, a widower named Thomas Hale, "
+    "kept a logbook for thirty-two years in which he wrote down the weather, the ships that passed, and the "
+    "names of the men who did not come back. The logbook survives in the town museum. It shows how the "
+    "harbour changed: steam replaced sail in the 1880s, the fishing fleet shrank after the great storm of "
+    "1894, and by the turn of the century most of the traffic was coal for the new railway. Hale himself "
+    "rarely comments on these changes. He records the price of lamp oil, the repairs to the lens, and the "
+    "visits of the inspector, who came every spring and always found something to criticise. Only once, in "
+    "the winter of 1899, does he write at length: a schooner ran aground on the northern reef, and Hale rowed "
+    "out with two fishermen to take off the crew. All seven were saved. The town gave him a silver watch, "
+    "which he mentions in a single line, and the next day's entry is about the wind again. When the light "
+    "was automated in 1952 the keeper's cottage was sold, and the logbook was found in its attic by the new "
+    "owners, who gave it to the museum. Historians have used it to date the decline of the fishing industry, "
+    "to reconstruct the storms of the period, and to trace the families of the drowned. Read from beginning "
+    "to end, it is also the portrait of a man who found meaning in a routine that most people would find "
+    "unbearable, and who never once, in ten thousand entries, complained about being alone.")
+PROMPTS = {
+    "short": [{"role": "user", "content": "Give me three tips for writing clear Python code."}],
+    "long": [{"role": "user", "content": "Summarise this passage in a few sentences.\n\n" + PASSAGE}],
+}
+
+
+def ceiling_time(model, rows: int, repeats: int) -> float:
+    """Median seconds of the weights-only matmul chain for one token per row (per-layer weight buffers)."""
+    import jax
+    import jax.numpy as jnp
+
+    params = model.decode_params() if hasattr(model, "decode_params") else model.params
+    from models.transformer import unstack_layers
+    params = unstack_layers(params)
+    emb = params["embed_tokens"]["embedding"]
+    head = emb if model.config.tie_word_embeddings else params["lm_head"]
+
+    def chain(layers, head, x):
+        for p in layers:
+            a, m = p["self_attn"], p["mlp"]
+            q, k, v = x @ a["q_proj"]["kernel"], x @ a["k_proj"]["kernel"], x @ a["v_proj"]["kernel"]
+            x = x + q @ a["o_proj"]["kernel"] + 0.0 * (k[:, :1] + v[:, :1])
+            x = x + (jax.nn.silu(x @ m["gate_proj"]["kernel"]) * (x @ m["up_proj"]["kernel"])) @ m["down_proj"]["kernel"]
+        return jnp.einsum("bd,vd->bv", x, head)
+
+    fn = jax.jit(chain)
+    x = jnp.ones((rows, model.config.hidden_size), model.config.jnp_dtype)
+    jax.block_until_ready(fn(params["layers"], head, x))
+    times = []
+    for _ in range(repeats):
+        t = time.perf_counter()
+        jax.block_until_ready(fn(params["layers"], head, x))
+        times.append(time.perf_counter() - t)
+    return statistics.median(times)
+
+
+def ours(target, ids, rows: int, new_tokens: int, seed: int) -> float:
+    import smcsd
+    res = smcsd.decode([ids] * rows, target=target, method="ar", temperature=0.7, max_new_tokens=new_tokens,
+                       eos_id=[], seed=seed)
+    assert all(len(t) == new_tokens for t in res.tokens)
+    return res.stats.wall_time_s
+
+
+def run_peer(python: str, gguf: str, cells: list[dict], new_tokens: int, repeats: int) -> dict:
+    """Time transformers in another interpreter (this file's --peer-worker mode); {cell key: seconds}."""
+    with tempfile.TemporaryDirectory() as tmp:
+        inp, out = os.path.join(tmp, "in.json"), os.path.join(tmp, "out.json")
+        with open(inp, "w") as f:
+            json.dump({"gguf": gguf, "cells": cells, "new_tokens": new_tokens, "repeats": repeats}, f)
+        proc = subprocess.run([python, os.path.abspath(__file__), "--peer-worker", inp, out])
+        if proc.returncode != 0:
+            raise RuntimeError(f"the transformers run in {python} failed (exit {proc.returncode}); it needs torch, "
+                               "transformers, gguf and accelerate installed there")
+        with open(out) as f:
+            return json.load(f)
+
+
+def peer_worker(inp: str, out: str) -> None:
+    """Runs inside the peer interpreter: transformers generate() on the same GGUF and prompt ids."""
+    import torch
+    import transformers
+    from transformers import AutoModelForCausalLM
+
+    with open(inp) as f:
+        job = json.load(f)
+    torch.set_num_threads(os.cpu_count() or 1)
+    folder, name = os.path.split(job["gguf"])
+    model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=torch.float32).eval()
+    n = job["new_tokens"]
+    results = {"versions": {"transformers": transformers.__version__, "torch": torch.__version__}}
+    for cell in job["cells"]:
+        ids = torch.tensor([cell["ids"]] * cell["rows"])
+        kw = dict(do_sample=True, temperature=0.7, top_k=0, top_p=1.0, max_new_tokens=n, min_new_tokens=n,
+                  pad_token_id=0, attention_mask=torch.ones_like(ids))
+        with torch.inference_mode():
+            model.generate(ids, **{**kw, "max_new_tokens": 4, "min_new_tokens": 4})  # warm-up
+            times = []
+            for r in range(job["repeats"]):
+                torch.manual_seed(r)
+                t = time.perf_counter()
+                model.generate(ids, **kw)
+                times.append(time.perf_counter() - t)
+        results[cell["key"]] = statistics.median(times)
+        print(f"  transformers {cell['key']}: {cell['rows'] * n / results[cell['key']]:.1f} tokens/s", flush=True)
+    with open(out, "w") as f:
+        json.dump(results, f)
+
+
+def markdown_table(rows: list[dict], with_peer: bool) -> str:
+    head = "| batch | prompt | prompt tokens | ours tok/s | ceiling tok/s | ours / ceiling |"
+    sep = "|---|---|---|---|---|---|"
+    if with_peer:
+        head += " transformers tok/s | ours / transformers |"
+        sep += "---|---|"
+    lines = [head, sep]
+    for r in rows:
+        line = (f"| {r['batch']} | {r['prompt']} | {r['prompt_tokens']} | {r['ours_tps']:.1f} | {r['ceiling_tps']:.1f} "
+                f"| {r['ours_tps'] / r['ceiling_tps']:.2f} |")
+        if with_peer:
+            p = r.get("peer_tps")
+            line += f" {p:.1f} | {r['ours_tps'] / p:.2f}× |" if p else " – | – |"
+        lines.append(line)
+    return "\n".join(lines)
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--batches", type=int, nargs="+", default=[1, 4, 16])
+    ap.add_argument("--prompts", nargs="+", default=["short", "long"], choices=sorted(PROMPTS))
+    ap.add_argument("--new-tokens", type=int, default=64, help="new tokens per row (default 64)")
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--peer-python", default=None, help="a Python with torch + transformers + gguf + accelerate")
+    ap.add_argument("--out", default=os.path.join(REPO, "experiments", "results", "bench_real.json"))
+    ap.add_argument("--peer-worker", nargs=2, metavar=("IN", "OUT"), help=argparse.SUPPRESS)
+    args = ap.parse_args(argv)
+    if args.peer_worker:
+        return peer_worker(*args.peer_worker)
+
+    if REPO not in sys.path:
+        sys.path.insert(0, REPO)
+    import jax
+    import smcsd
+    from models import registry
+
+    target, _ = smcsd.load("smollm2-135m")
+    ids = {name: target.tokenizer.apply_chat_template(m, tokenize=True) for name, m in PROMPTS.items()}
+    cells = [dict(key=f"{p}-{b}", prompt=p, rows=b, ids=ids[p]) for p in args.prompts for b in args.batches]
+    rows = []
+    for cell in cells:
+        b, p = cell["rows"], cell["prompt"]
+        ours(target, ids[p], b, args.new_tokens, seed=0)  # compile
+        ceiling_time(target, b, 1)
+        runs, ceil = [], []
+        for r in range(args.repeats):  # interleaved: ours, then the ceiling, each round
+            runs.append(ours(target, ids[p], b, args.new_tokens, seed=r + 1))
+            ceil.append(ceiling_time(target, b, 5))
+        wall, c = statistics.median(runs), statistics.median(ceil)
+        row = dict(batch=b, prompt=p, prompt_tokens=len(ids[p]), new_tokens=args.new_tokens, ours_wall_s=wall,
+                   ours_runs_s=runs, ours_tps=b * args.new_tokens / wall, ceiling_step_s=c, ceiling_tps=b / c)
+        rows.append(row)
+        print(f"ours {cell['key']}: {row['ours_tps']:.1f} tokens/s, ceiling {row['ceiling_tps']:.1f}", flush=True)
+    peer = None
+    if args.peer_python:
+        peer = run_peer(args.peer_python, registry.cached_path("smollm2-135m"), cells, args.new_tokens,
+                        args.repeats)
+        for row, cell in zip(rows, cells):
+            row["peer_wall_s"] = peer[cell["key"]]
+            row["peer_tps"] = row["batch"] * args.new_tokens / peer[cell["key"]]
+    table = markdown_table(rows, peer is not None)
+    print(table)
+    result = dict(schema="smcsd.bench_real/1", created=time.strftime("%Y-%m-%dT%H:%M:%S"),
+                  machine=dict(platform=platform.platform(), cores=os.cpu_count(), jax=jax.__version__,
+                               backend=jax.default_backend(), load_avg=os.getloadavg()),
+                  model=dict(name="smollm2-135m", params=target.num_params, dtype=target.config.dtype),
+                  settings=dict(new_tokens=args.new_tokens, repeats=args.repeats, temperature=0.7),
+                  peer_versions=(peer or {}).get("versions"), rows=rows, table=table,
+                  command="python experiments/bench_real.py " + " ".join(argv if argv is not None else sys.argv[1:]))
+    os.makedirs(os.path.dirname(args.out), exist_ok=True)
+    with open(args.out, "w") as f:
+        json.dump(result, f, indent=2)
+    print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()
