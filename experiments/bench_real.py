@@ -6,14 +6,16 @@
 
 For each batch size (1, 4, 16) and prompt (a short chat turn, a ~300-token passage to summarise), one run
 measures, side by side:
-- ours: `smcsd.decode(method="ar")`, T=0.7, no stop token, `--new-tokens` new tokens per row; tokens/s =
-  rows x new tokens / the program's wall time (prefill included, compile excluded; median of --repeats);
+- ours: `smcsd.decode(method="ar")`, T=0.7, no stop token, `--new-tokens` new tokens per row; end-to-end
+  tokens/s = rows x new tokens / the program's wall time (prefill included, compile excluded; median of
+  --repeats); decode tokens/s = rows x (new tokens - 1) / (that time - the time of the same call with one
+  new token), i.e. the steady decode rate with the prefill taken out;
 - the ceiling: a jitted chain of this model's weight matmuls for one token per row (q, k, v, o, gate, up,
   down per layer and the LM head; per-layer weight buffers, no attention, no sampling): rows / its time
   is the most tokens/s any decoder of these float32 weights can reach here;
 - transformers (optional, in the --peer-python interpreter, torch threads = this machine's cores): the
   same GGUF loaded in float32, `generate(do_sample=True, temperature=0.7, top_k=0)` with
-  min_new_tokens = max_new_tokens, same prompt ids, timed the same way.
+  min_new_tokens = max_new_tokens, same prompt ids, timed the same way (both rates).
 Rounds interleave ours and the ceiling; the peer runs in its own process after them (the machine is
 shared: compare ratios within one run). Prints a markdown table, writes JSON (--out).
 """
@@ -43,12 +45,7 @@ PASSAGE = (
     "visits of the inspector, who came every spring and always found something to criticise. Only once, in "
     "the winter of 1899, does he write at length: a schooner ran aground on the northern reef, and Hale rowed "
     "out with two fishermen to take off the crew. All seven were saved. The town gave him a silver watch, "
-    "which he mentions in a single line, and the next day's entry is about the wind again. When the light "
-    "was automated in 1952 the keeper's cottage was sold, and the logbook was found in its attic by the new "
-    "owners, who gave it to the museum. Historians have used it to date the decline of the fishing industry, "
-    "to reconstruct the storms of the period, and to trace the families of the drowned. Read from beginning "
-    "to end, it is also the portrait of a man who found meaning in a routine that most people would find "
-    "unbearable, and who never once, in ten thousand entries, complained about being alone.")
+    "which he mentions in a single line, and the next day's entry is about the wind again.")
 PROMPTS = {
     "short": [{"role": "user", "content": "Give me three tips for writing clear Python code."}],
     "long": [{"role": "user", "content": "Summarise this passage in a few sentences.\n\n" + PASSAGE}],
@@ -132,25 +129,37 @@ def peer_worker(inp: str, out: str) -> None:
                 t = time.perf_counter()
                 model.generate(ids, **kw)
                 times.append(time.perf_counter() - t)
-        results[cell["key"]] = statistics.median(times)
-        print(f"  transformers {cell['key']}: {cell['rows'] * n / results[cell['key']]:.1f} tokens/s", flush=True)
+            first = []
+            for r in range(job["repeats"]):
+                t = time.perf_counter()
+                model.generate(ids, **{**kw, "max_new_tokens": 1, "min_new_tokens": 1})
+                first.append(time.perf_counter() - t)
+        results[cell["key"]] = [statistics.median(times), statistics.median(first)]
+        print(f"  transformers {cell['key']}: {cell['rows'] * n / results[cell['key']][0]:.1f} tokens/s", flush=True)
     with open(out, "w") as f:
         json.dump(results, f)
 
 
+def decode_rate(rows: int, new_tokens: int, wall: float, wall_one: float) -> float:
+    """Steady decode tokens/s: the tokens after the first over the time they added to a one-token call."""
+    return rows * (new_tokens - 1) / max(wall - wall_one, 1e-9)
+
+
 def markdown_table(rows: list[dict], with_peer: bool) -> str:
-    head = "| batch | prompt | prompt tokens | ours tok/s | ceiling tok/s | ours / ceiling |"
-    sep = "|---|---|---|---|---|---|"
+    head = ("| batch | prompt | prompt tokens | ours tok/s (end to end) | ours decode tok/s | ceiling tok/s "
+            "| ours decode / ceiling |")
+    sep = "|---|---|---|---|---|---|---|"
     if with_peer:
-        head += " transformers tok/s | ours / transformers |"
-        sep += "---|---|"
+        head += " transformers tok/s (end to end) | transformers decode tok/s | ours / transformers (end to end, decode) |"
+        sep += "---|---|---|"
     lines = [head, sep]
     for r in rows:
-        line = (f"| {r['batch']} | {r['prompt']} | {r['prompt_tokens']} | {r['ours_tps']:.1f} | {r['ceiling_tps']:.1f} "
-                f"| {r['ours_tps'] / r['ceiling_tps']:.2f} |")
+        line = (f"| {r['batch']} | {r['prompt']} | {r['prompt_tokens']} | {r['ours_tps']:.1f} | {r['ours_decode_tps']:.1f} "
+                f"| {r['ceiling_tps']:.1f} | {r['ours_decode_tps'] / r['ceiling_tps']:.0%} |")
         if with_peer:
-            p = r.get("peer_tps")
-            line += f" {p:.1f} | {r['ours_tps'] / p:.2f}× |" if p else " – | – |"
+            p, pd = r.get("peer_tps"), r.get("peer_decode_tps")
+            line += (f" {p:.1f} | {pd:.1f} | {r['ours_tps'] / p:.2f}×, {r['ours_decode_tps'] / pd:.2f}× |"
+                     if p else " – | – | – |")
         lines.append(line)
     return "\n".join(lines)
 
@@ -182,23 +191,29 @@ def main(argv=None):
     for cell in cells:
         b, p = cell["rows"], cell["prompt"]
         ours(target, ids[p], b, args.new_tokens, seed=0)  # compile
+        ours(target, ids[p], b, 1, seed=0)
         ceiling_time(target, b, 1)
-        runs, ceil = [], []
-        for r in range(args.repeats):  # interleaved: ours, then the ceiling, each round
+        runs, ones, ceil = [], [], []
+        for r in range(args.repeats):  # interleaved: ours, ours with one new token, the ceiling, each round
             runs.append(ours(target, ids[p], b, args.new_tokens, seed=r + 1))
+            ones.append(ours(target, ids[p], b, 1, seed=r + 1))
             ceil.append(ceiling_time(target, b, 5))
-        wall, c = statistics.median(runs), statistics.median(ceil)
+        wall, one, c = statistics.median(runs), statistics.median(ones), statistics.median(ceil)
         row = dict(batch=b, prompt=p, prompt_tokens=len(ids[p]), new_tokens=args.new_tokens, ours_wall_s=wall,
-                   ours_runs_s=runs, ours_tps=b * args.new_tokens / wall, ceiling_step_s=c, ceiling_tps=b / c)
+                   ours_runs_s=runs, ours_one_token_s=one, ours_tps=b * args.new_tokens / wall,
+                   ours_decode_tps=decode_rate(b, args.new_tokens, wall, one), ceiling_step_s=c, ceiling_tps=b / c)
         rows.append(row)
-        print(f"ours {cell['key']}: {row['ours_tps']:.1f} tokens/s, ceiling {row['ceiling_tps']:.1f}", flush=True)
+        print(f"ours {cell['key']}: {row['ours_tps']:.1f} tokens/s end to end, {row['ours_decode_tps']:.1f} decode; "
+              f"ceiling {row['ceiling_tps']:.1f}", flush=True)
     peer = None
     if args.peer_python:
         peer = run_peer(args.peer_python, registry.cached_path("smollm2-135m"), cells, args.new_tokens,
                         args.repeats)
         for row, cell in zip(rows, cells):
-            row["peer_wall_s"] = peer[cell["key"]]
-            row["peer_tps"] = row["batch"] * args.new_tokens / peer[cell["key"]]
+            row["peer_wall_s"], row["peer_one_token_s"] = peer[cell["key"]]
+            row["peer_tps"] = row["batch"] * args.new_tokens / row["peer_wall_s"]
+            row["peer_decode_tps"] = decode_rate(row["batch"], args.new_tokens, row["peer_wall_s"],
+                                                 row["peer_one_token_s"])
     table = markdown_table(rows, peer is not None)
     print(table)
     result = dict(schema="smcsd.bench_real/1", created=time.strftime("%Y-%m-%dT%H:%M:%S"),
@@ -206,7 +221,7 @@ def main(argv=None):
                                backend=jax.default_backend(), load_avg=os.getloadavg()),
                   model=dict(name="smollm2-135m", params=target.num_params, dtype=target.config.dtype),
                   settings=dict(new_tokens=args.new_tokens, repeats=args.repeats, temperature=0.7),
-                  peer_versions=(peer or {}).get("versions"), rows=rows, table=table,
+                  peer_versions=(peer or {}).get("versions"), rows=rows, markdown=table,
                   command="python experiments/bench_real.py " + " ".join(argv if argv is not None else sys.argv[1:]))
     os.makedirs(os.path.dirname(args.out), exist_ok=True)
     with open(args.out, "w") as f:

@@ -39,6 +39,8 @@ FIGURES = os.path.join(DOCS, "figures")
 SWEEP_COLUMNS = ["label", "accuracy", "n", "tokens_per_s", "speedup_vs_ar", "target_calls_per_token", "acceptance_rate",
                  "mean_ess_fraction"]
 OTHER_RESULTS = [
+    ("bench_real.json", "SmolLM2-135M-Instruct: ar against the weights-only ceiling and transformers",
+     "experiments/bench_real.py --peer-python PYTHON_WITH_TRANSFORMERS", None),
     ("sweep_arith.json", "tiny-arith: accuracy and speed of every method (this grid picks smc's defaults)",
      "experiments/sweep_arith.py", SWEEP_COLUMNS),
     ("sweep_arith_large_n.json", "tiny-arith: smc with many particles",

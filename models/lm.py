@@ -22,19 +22,22 @@ def _module(config: ModelConfig) -> Transformer:
     return Transformer(config)
 
 
-def _apply(config: ModelConfig, params, tokens, positions, kv, hidden_layers):
+def _apply(config: ModelConfig, params, tokens, positions, kv, hidden_layers, logit_index=None):
     """The model's forward for either params layout (stacked for nn.scan, or per-layer: `unstack_layers`)."""
     if layers_unstacked(params):
-        return apply_unrolled(config, params, tokens, positions, kv, hidden_layers=tuple(hidden_layers))
-    return _module(config).apply({"params": params}, tokens, positions, kv, hidden_layers=tuple(hidden_layers))
+        return apply_unrolled(config, params, tokens, positions, kv, hidden_layers=tuple(hidden_layers),
+                              logit_index=logit_index)
+    return _module(config).apply({"params": params}, tokens, positions, kv, hidden_layers=tuple(hidden_layers),
+                                 logit_index=logit_index)
 
 
 def forward_cached(config: ModelConfig, params, tokens, cache: KVCache, num_valid=None,
-                   hidden_layers: Sequence[int] = ()):
+                   hidden_layers: Sequence[int] = (), logit_index=None):
     """Write `tokens [B, T]` at each row's cache length, attend causally to everything before.
 
     Returns `(logits float32[B, T, V], cache')` — plus hidden states `[len(hidden_layers), B, T, D]`
-    when `hidden_layers` is non-empty. Each row's length advances by T, or by `num_valid[B]` for
+    when `hidden_layers` is non-empty. With `logit_index int32[B, n]` the logits are only computed at
+    those positions of each row (`[B, n, V]`), e.g. a prefill's last prompt token. Each row's length advances by T, or by `num_valid[B]` for
     ragged (right-padded) input: entries written past a row's new length are stale and masked.
     """
     T = tokens.shape[1]
@@ -42,7 +45,8 @@ def forward_cached(config: ModelConfig, params, tokens, cache: KVCache, num_vali
         raise ValueError(f"cannot write {T} tokens into a cache of max_len {cache.max_len}; "
                          f"allocate a larger cache (init_cache(batch, max_len=...))")
     positions = cache.lengths[:, None] + jnp.arange(T, dtype=jnp.int32)[None, :]
-    logits, (k, v), hidden = _apply(config, params, tokens, positions, (cache.k, cache.v), hidden_layers)
+    logits, (k, v), hidden = _apply(config, params, tokens, positions, (cache.k, cache.v), hidden_layers,
+                                    logit_index)
     advance = T if num_valid is None else jnp.asarray(num_valid, jnp.int32)
     new_cache = _sharding.constrain_cache(KVCache(k=k, v=v, lengths=cache.lengths + advance))  # no-op w/o mesh
     if hidden_layers:

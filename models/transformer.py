@@ -69,7 +69,15 @@ class Attention(nn.Module):
         else:  # write this call's k/v at each row's positions, attend over the whole slot range
             # Scatter straight into the whole cache (in place in the scan carry: no per-layer copy).
             k_all, v_all, layer = kv
-            if _sharding.active_layout() is None:
+            heads_major = isinstance(k_all, tuple)
+            if heads_major:  # per-layer [B, Hkv, S, D] buffers (unrolled layers): this layer's own, in place
+                idx = (jnp.arange(B)[:, None, None], jnp.arange(hk)[None, :, None], positions[:, None, :])
+                put = lambda buf, new: buf.at[idx].set(jnp.swapaxes(new, 1, 2).astype(buf.dtype), mode="drop")
+                k_l, v_l = put(k_all[layer], k), put(v_all[layer], v)
+                k_all = k_all[:layer] + (k_l,) + k_all[layer + 1:]
+                v_all = v_all[:layer] + (v_l,) + v_all[layer + 1:]
+                keys, values = k_l, v_l
+            elif _sharding.active_layout() is None:
                 rows = jnp.arange(B)[:, None]
                 k_all = k_all.at[layer, rows, positions].set(k.astype(k_all.dtype), mode="drop")
                 v_all = v_all.at[layer, rows, positions].set(v.astype(v_all.dtype), mode="drop")
@@ -80,20 +88,42 @@ class Attention(nn.Module):
 
                 k_all = jax.vmap(put, in_axes=(1, 0, 0), out_axes=1)(k_all, k, positions)
                 v_all = jax.vmap(put, in_axes=(1, 0, 0), out_axes=1)(v_all, v, positions)
-            keys, values = k_all[layer], v_all[layer]
-            slots = jnp.arange(k_all.shape[2])
+            if not heads_major:
+                keys, values = k_all[layer], v_all[layer]
+            slots = jnp.arange(keys.shape[2 if heads_major else 1])
             mask = slots[None, None, :] <= positions[:, :, None]  # [B, T, S]
             kv = (k_all, v_all)
 
         g = hq // hk
         qg = q.reshape(B, T, hk, g, hd)
-        scores = jnp.einsum("btkgd,bskd->bkgts", qg, keys.astype(qg.dtype),
-                            preferred_element_type=jnp.float32) * (hd ** -0.5)
-        scores = jnp.where(mask[:, None, None, :, :], scores, _NEG)
-        probs = jax.nn.softmax(scores, axis=-1).astype(dt)
-        out = jnp.einsum("bkgts,bskd->btkgd", probs, values.astype(dt)).reshape(B, T, hq * hd)
+        if kv is not None and isinstance(kv[0], tuple):
+            out = _attend_heads_major(qg, keys, values, mask, dt)
+        else:
+            scores = jnp.einsum("btkgd,bskd->bkgts", qg, keys.astype(qg.dtype),
+                                preferred_element_type=jnp.float32) * (hd ** -0.5)
+            scores = jnp.where(mask[:, None, None, :, :], scores, _NEG)
+            probs = jax.nn.softmax(scores, axis=-1).astype(dt)
+            out = jnp.einsum("bkgts,bskd->btkgd", probs, values.astype(dt)).reshape(B, T, hq * hd)
         out = _dense(c.hidden_size, "o_proj", dt, self.init_std)(out)
         return out, kv
+
+
+def _attend_heads_major(qg, keys, values, mask, dt):
+    """Attention over heads-major keys/values `[B, Hkv, S, D]` as plain 3-D batched matmuls over B·Hkv.
+
+    `qg [B, T, Hkv, G, D]` (G query heads per KV head), `mask [B, T, S]`; returns `[B, T, Hkv·G·D]`.
+    Merging batch and KV heads into one batch axis (a free reshape of this layout) ran 2x faster on
+    XLA:CPU than the 4-D einsum: at batch 16, 512 slots, 30 layers, 78 ms instead of 157 ms.
+    """
+    B, T, hk, g, hd = qg.shape
+    S = keys.shape[2]
+    qf = jnp.transpose(qg, (0, 2, 1, 3, 4)).reshape(B * hk, T * g, hd)
+    scores = jnp.einsum("nqd,nsd->nqs", qf, keys.reshape(B * hk, S, hd).astype(qf.dtype),
+                        preferred_element_type=jnp.float32) * (hd ** -0.5)
+    scores = jnp.where(mask[:, None, :, None, :], scores.reshape(B, hk, T, g, S), _NEG)
+    probs = jax.nn.softmax(scores, axis=-1).astype(dt).reshape(B * hk, T * g, S)
+    out = jnp.einsum("nqs,nsd->nqd", probs, values.reshape(B * hk, S, hd).astype(dt))
+    return jnp.transpose(out.reshape(B, hk, T, g, hd), (0, 2, 1, 3, 4)).reshape(B, T, hk * g * hd)
 
 
 class MLP(nn.Module):
@@ -138,7 +168,8 @@ class Transformer(nn.Module):
     init_std: float = 0.02
 
     @nn.compact
-    def __call__(self, tokens, positions, kv=None, key_mask=None, hidden_layers: Sequence[int] = ()):
+    def __call__(self, tokens, positions, kv=None, key_mask=None, hidden_layers: Sequence[int] = (),
+                 logit_index=None):
         c, dt = self.config, self.config.jnp_dtype
         embed = nn.Embed(c.vocab_size, c.hidden_size, dtype=dt, param_dtype=dt, name="embed_tokens",
                          embedding_init=nn.initializers.normal(self.init_std))
@@ -157,15 +188,23 @@ class Transformer(nn.Module):
             w = embed.embedding  # [V, D]
         else:
             w = self.param("lm_head", nn.initializers.normal(self.init_std), (c.vocab_size, c.hidden_size), dt)
-        logits = jnp.einsum("btd,vd->btv", x, w, preferred_element_type=jnp.float32)
+        logits = _head(x, w, logit_index)
         if hidden_layers:
             hidden = hidden[jnp.asarray(hidden_layers)]
         new_kv = None if kv is None else (k_all, v_all)
         return logits.astype(jnp.float32), new_kv, (hidden if hidden_layers else None)
 
 
+def _head(x, w, logit_index):
+    """float32 logits of the final hidden states `x [B, T, D]`; only at `logit_index [B, n]` when given
+    (a prefill needs the last prompt position's: the LM head over every position is ~20% of its FLOPs)."""
+    if logit_index is not None:
+        x = jnp.take_along_axis(x, logit_index[:, :, None], axis=1)
+    return jnp.einsum("btd,vd->btv", x, w, preferred_element_type=jnp.float32)
+
+
 def apply_unrolled(config: ModelConfig, params, tokens, positions, kv=None, key_mask=None,
-                   hidden_layers: Sequence[int] = ()):
+                   hidden_layers: Sequence[int] = (), logit_index=None):
     """`Transformer(config).apply` for params whose "layers" is a tuple of per-layer trees (`unstack_layers`).
 
     Same math and outputs; the layers are unrolled, so every weight matmul reads its own parameter
@@ -188,7 +227,7 @@ def apply_unrolled(config: ModelConfig, params, tokens, positions, kv=None, key_
                 hidden[n] = x
     x = RMSNorm(c.rms_norm_eps, dt).apply({"params": params["norm"]}, x)
     w = embedding if c.tie_word_embeddings else params["lm_head"]
-    logits = jnp.einsum("btd,vd->btv", x, w, preferred_element_type=jnp.float32)
+    logits = _head(x, w, logit_index)
     new_kv = None if kv is None else (k_all, v_all)
     return logits.astype(jnp.float32), new_kv, (jnp.stack(hidden) if hidden_layers else None)
 

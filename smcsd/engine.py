@@ -16,6 +16,7 @@ import jax
 import jax.numpy as jnp
 
 from models import KVCache, ModelConfig, forward_cached, init_cache
+from models.transformer import layers_unstacked
 
 from .sampling import SamplingParams
 
@@ -120,9 +121,10 @@ def prefill(config: ModelConfig, params, prompt, prompt_len, cache_len: int, row
     """
     B = prompt.shape[0]
     cache = init_cache(config.num_hidden_layers, B, cache_len, config.num_key_value_heads, config.head_dim,
-                       config.jnp_dtype)
-    logits, cache = forward_cached(config, params, prompt, cache, num_valid=prompt_len)
-    last = jnp.take_along_axis(logits, (prompt_len - 1)[:, None, None], axis=1)[:, 0]
+                       config.jnp_dtype, per_layer=layers_unstacked(params))
+    logits, cache = forward_cached(config, params, prompt, cache, num_valid=prompt_len,
+                                   logit_index=(prompt_len - 1)[:, None])  # the LM head at the last token only
+    last = logits[:, 0]
     if rows_per_prompt > 1:
         cache = cache.repeat(rows_per_prompt)
         last = jnp.repeat(last, rows_per_prompt, axis=0)

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 import smcsd
-from models import ModelConfig, forward_cached, forward_full, init_model, registry
+from models import ModelConfig, forward_cached, forward_full, init_cache, init_model, registry
 from models.transformer import layers_unstacked, stack_layers, unstack_layers
 
 PAYLOAD = b"GGUF fake payload for the fetch test"
@@ -102,10 +102,27 @@ def test_unrolled_layers_match_scanned():
     b, hb = forward_full(CFG, per_layer, tokens, hidden_layers=(0, 2))
     np.testing.assert_allclose(a, b, atol=1e-5)
     np.testing.assert_allclose(ha, hb, atol=1e-5)
-    la, ca = forward_cached(CFG, model.params, tokens, model.init_cache(1, 16))
-    lb, cb = forward_cached(CFG, per_layer, tokens, model.init_cache(1, 16))
+    tokens = jnp.concatenate([tokens, tokens[:, ::-1]])
+    la, ca = forward_cached(CFG, model.params, tokens, model.init_cache(2, 16))
+    lb, cb = forward_cached(CFG, per_layer, tokens, model.init_cache(2, 16))
     np.testing.assert_allclose(la, lb, atol=1e-5)
     np.testing.assert_allclose(ca.k, cb.k, atol=1e-6)
+    # Per-layer cache buffers (what decoding on CPU uses): same logits and contents, same cache algebra.
+    c = CFG
+    cache = init_cache(c.num_hidden_layers, 2, 16, c.num_key_value_heads, c.head_dim, per_layer=True)
+    assert cache.per_layer and cache.max_len == 16 and cache.batch_size == 2 and cache.nbytes == ca.nbytes
+    lc, cc = forward_cached(CFG, per_layer, tokens, cache)
+    np.testing.assert_allclose(la, lc, atol=1e-5)
+    restack = lambda bufs: jnp.swapaxes(jnp.stack(bufs), 2, 3)  # per-layer [B, H, S, D] -> [L, B, S, H, D]
+    np.testing.assert_allclose(ca.k, restack(cc.k), atol=1e-6)
+    stacked = ca.replace(k=restack(cc.k), v=restack(cc.v))  # the same contents, stacked
+    idx = jnp.array([1, 1])
+    np.testing.assert_array_equal(restack(cc.gather(idx).v), stacked.gather(idx).v)
+    moved_s = stacked.copy_window(jnp.array([1, 0]), jnp.array([3, 5]), 4)
+    moved_c = cc.copy_window(jnp.array([1, 0]), jnp.array([3, 5]), 4)
+    np.testing.assert_array_equal(restack(moved_c.k), moved_s.k)
+    assert not np.array_equal(moved_s.k, stacked.k)
+    np.testing.assert_array_equal(restack(cc.repeat(2).k), stacked.repeat(2).k)
 
 
 def test_decode_params_per_layer_on_cpu_and_cached():
