@@ -88,7 +88,8 @@ def _compare_stats(a, b):
 
 
 def _program(method, mesh):
-    keys = [k for k in engine._COMPILED if k[0] == method and len(k) == 5 and k[4] == mesh]
+    # compile-cache keys: (method, target cfg, draft cfg, spec, params layout[, mesh])
+    keys = [k for k in engine._COMPILED if k[0] == method and len(k) == 6 and k[5] == mesh]
     return engine._COMPILED[keys[-1]] if keys else None
 
 
