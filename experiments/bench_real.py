@@ -90,13 +90,14 @@ def ours(target, ids, rows: int, new_tokens: int, seed: int) -> float:
     return res.stats.wall_time_s
 
 
-def run_peer(python: str, gguf: str, cells: list[dict], new_tokens: int, repeats: int) -> dict:
-    """Time transformers in another interpreter (this file's --peer-worker mode); {cell key: seconds}."""
+def run_peer(python: str, job: dict, script: str = __file__) -> dict:
+    """Run `script --peer-worker IN OUT` in another interpreter (with transformers) on `job` (JSON in) and return
+    its JSON result; for this file: {cell key: [seconds, seconds of a one-token call]}."""
     with tempfile.TemporaryDirectory() as tmp:
         inp, out = os.path.join(tmp, "in.json"), os.path.join(tmp, "out.json")
         with open(inp, "w") as f:
-            json.dump({"gguf": gguf, "cells": cells, "new_tokens": new_tokens, "repeats": repeats}, f)
-        proc = subprocess.run([python, os.path.abspath(__file__), "--peer-worker", inp, out])
+            json.dump(job, f)
+        proc = subprocess.run([python, os.path.abspath(script), "--peer-worker", inp, out])
         if proc.returncode != 0:
             raise RuntimeError(f"the transformers run in {python} failed (exit {proc.returncode}); it needs torch, "
                                "transformers, gguf and accelerate installed there")
@@ -207,8 +208,8 @@ def main(argv=None):
               f"ceiling {row['ceiling_tps']:.1f}", flush=True)
     peer = None
     if args.peer_python:
-        peer = run_peer(args.peer_python, registry.cached_path("smollm2-135m"), cells, args.new_tokens,
-                        args.repeats)
+        peer = run_peer(args.peer_python, {"gguf": registry.cached_path("smollm2-135m"), "cells": cells,
+                                           "new_tokens": args.new_tokens, "repeats": args.repeats})
         for row, cell in zip(rows, cells):
             row["peer_wall_s"], row["peer_one_token_s"] = peer[cell["key"]]
             row["peer_tps"] = row["batch"] * args.new_tokens / row["peer_wall_s"]

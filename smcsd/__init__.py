@@ -9,12 +9,16 @@ from . import sd as _sd  # noqa: F401  (registers "sd", "sd-multi")
 from . import smc as _smc  # noqa: F401  (registers "smc")
 from .decode import available_methods, decode
 from .mesh import make_mesh
-from models.registry import available_models, fetch, load_pair as load  # noqa: E402
+from models.registry import available_models, fetch  # noqa: E402
+from . import drafters
+from .drafters import ARDrafter, Drafter, PromptLookup
+from .pairs import available_drafters, load
 from .sampling import SamplingParams, process_logits
 from .stats import DecodeResult, DecodeStats
 
 __version__ = "0.1.0"
 
 __all__ = ["DecodeResult", "DecodeStats", "SamplingParams", "available_methods", "decode", "process_logits"]
-__all__ += ["available_models", "fetch", "load"]
+__all__ += ["available_models", "fetch", "load", "available_drafters"]
+__all__ += ["ARDrafter", "Drafter", "PromptLookup", "drafters"]
 __all__ += ["make_mesh"]

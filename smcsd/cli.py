@@ -128,8 +128,13 @@ def load_checkpoint(path: str, flag: str):
     return from_pretrained(str(p))
 
 
-def load_models(model: str | None = None, target_dir: str | None = None, draft_dir: str | None = None):
-    """(target, draft) from --model NAME (a shipped pair, or 'random') or --target DIR [--draft DIR]."""
+def load_models(model: str | None = None, target_dir: str | None = None, draft_dir: str | None = None,
+                drafter: str | None = None):
+    """(target, draft) from --model NAME (a shipped pair, or 'random') or --target DIR [--draft DIR], with
+    --drafter NAME picking one of the pair's drafters (or a parameter-free one such as prompt-lookup)."""
+    import smcsd
+    if drafter is not None and draft_dir:
+        raise CLIError("give either --draft DIR or --drafter NAME, not both")
     if target_dir or draft_dir:
         if model is not None:
             raise CLIError("give either --model or --target/--draft, not both")
@@ -137,17 +142,30 @@ def load_models(model: str | None = None, target_dir: str | None = None, draft_d
             raise CLIError("--draft needs --target (the model whose distribution is sampled)")
         target = load_checkpoint(target_dir, "--target")
         draft = load_checkpoint(draft_dir, "--draft") if draft_dir else None
+        if drafter is not None:
+            if drafter not in smcsd.pairs.PARAM_FREE:
+                raise CLIError(f"--drafter {drafter}: with --target DIR only a parameter-free drafter applies "
+                               f"({', '.join(sorted(smcsd.pairs.PARAM_FREE))}); give a model drafter as --draft DIR")
+            draft = smcsd.pairs.PARAM_FREE[drafter]()
         return target, draft
     name = model or DEFAULT_MODEL
     if name == RANDOM_MODEL:
-        return random_pair()
-    import smcsd
+        target, draft = random_pair()
+        if drafter is not None and drafter != "ar":
+            if drafter not in smcsd.pairs.PARAM_FREE:
+                raise CLIError(f"--drafter {drafter}: the random pair has 'ar' and "
+                               f"{', '.join(sorted(smcsd.pairs.PARAM_FREE))}")
+            draft = smcsd.pairs.PARAM_FREE[drafter]()
+        return target, draft
     have = smcsd.available_models()
     if name not in have:
         raise CLIError(f"--model {name}: no such shipped model pair in this installation (available: "
                        f"{', '.join(have) if have else 'none yet'}); use --model {RANDOM_MODEL} for a random "
                        "untrained pair, or --target DIR --draft DIR for local checkpoints")
-    return smcsd.load(name)
+    if drafter is not None and drafter not in smcsd.available_drafters(name):
+        raise CLIError(f"--drafter {drafter}: model {name} has the drafters "
+                       f"{', '.join(smcsd.available_drafters(name))}")
+    return smcsd.load(name, drafter=drafter)
 
 
 def add_model_args(p: argparse.ArgumentParser, default: str = "the shipped tiny-code pair") -> None:
@@ -159,6 +177,9 @@ def add_model_args(p: argparse.ArgumentParser, default: str = "the shipped tiny-
                    help="a local Hugging Face checkpoint directory (config.json + *.safetensors) as the target")
     g.add_argument("--draft", metavar="DIR", default=None,
                    help="a local checkpoint directory as the draft (same vocabulary as the target)")
+    g.add_argument("--drafter", metavar="NAME", default=None,
+                   help="which drafter: one of the pair's (smcsd.available_drafters(NAME): ar, ar-distilled, ...) or "
+                        "prompt-lookup (n-gram lookup in the prompt, any target; default: the pair's best)")
 
 
 # ----------------------------------------------------------------------------------- generate
@@ -195,7 +216,7 @@ def _decode_kwargs(args) -> dict:
 
 def cmd_generate(args) -> int:
     import smcsd
-    target, draft = load_models(args.model, args.target, args.draft)
+    target, draft = load_models(args.model, args.target, args.draft, args.drafter)
     prompts = _read_prompts(args.prompt)
     res = smcsd.decode(prompts, target=target, draft=draft, **_decode_kwargs(args))
     texts = res.texts if res.texts is not None else [" ".join(map(str, t)) for t in res.tokens]
@@ -230,11 +251,12 @@ method | tokens | tokens/s | target calls | tokens per target call | acceptance 
 
 # ----------------------------------------------------------------------------------- chat / fetch
 
-def load_chat_models(model: str | None = None, target_dir: str | None = None, draft_dir: str | None = None):
+def load_chat_models(model: str | None = None, target_dir: str | None = None, draft_dir: str | None = None,
+                     drafter: str | None = None):
     """(target, draft) for chat: like `load_models`, but the default is CHAT_MODEL (fetched beforehand), and
     the target must have a chat template."""
     if model is not None or target_dir or draft_dir:
-        loaded = load_models(model, target_dir, draft_dir)
+        loaded = load_models(model, target_dir, draft_dir, drafter)
     else:
         import smcsd
         how = (f"run 'smcsd fetch {CHAT_MODEL}' to download it, or pass --target DIR (a local checkpoint of a "
@@ -242,7 +264,10 @@ def load_chat_models(model: str | None = None, target_dir: str | None = None, dr
         if CHAT_MODEL not in smcsd.available_models():
             raise CLIError(f"the default chat model {CHAT_MODEL} is not available; {how}")
         try:
-            loaded = smcsd.load(CHAT_MODEL)
+            if drafter is not None and drafter not in smcsd.available_drafters(CHAT_MODEL):
+                raise CLIError(f"--drafter {drafter}: {CHAT_MODEL} has the drafters "
+                               f"{', '.join(smcsd.available_drafters(CHAT_MODEL))}")
+            loaded = smcsd.load(CHAT_MODEL, drafter=drafter)
         except (OSError, ValueError) as e:
             raise CLIError(f"the default chat model {CHAT_MODEL} could not be loaded ({e}); {how}") from None
     target, draft = loaded if isinstance(loaded, tuple) else (loaded, None)
@@ -276,7 +301,7 @@ def _user_turns(first: str | None):
 
 def cmd_chat(args) -> int:
     import smcsd
-    target, draft = load_chat_models(args.model, args.target, args.draft)
+    target, draft = load_chat_models(args.model, args.target, args.draft, args.drafter)
     history = [{"role": "system", "content": args.system}] if args.system else []
     kwargs = _decode_kwargs(args)
     for text in _user_turns(args.message):

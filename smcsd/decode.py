@@ -15,6 +15,7 @@ import numpy as np
 from models import LanguageModel
 
 from . import sampling as _sampling
+from .drafters import ARDrafter, Drafter, as_drafter
 from .engine import METHODS, ProgramInputs, StaticSpec, bucket, compiled_program
 from .stats import DecodeResult, DecodeStats, finish_stats
 
@@ -109,9 +110,10 @@ def _resolve_models(target, draft):
         draft = shipped_draft if draft is None else draft
     if not isinstance(target, LanguageModel):
         raise TypeError(f"target must be a models.LanguageModel, got {type(target).__name__}")
-    if draft is not None and not isinstance(draft, LanguageModel):
-        raise TypeError(f"draft must be a models.LanguageModel or None, got {type(draft).__name__}")
-    return target, draft
+    if draft is not None and not isinstance(draft, (LanguageModel, Drafter)):
+        raise TypeError(f"draft must be a models.LanguageModel, a smcsd.drafters.Drafter (e.g. "
+                        f"smcsd.drafters.PromptLookup()) or None, got {type(draft).__name__}")
+    return target, as_drafter(draft)
 
 
 _WARNED_SLOW_DTYPE = False
@@ -173,7 +175,7 @@ def decode(
     *,
     messages=None,
     target: LanguageModel | None = None,
-    draft: LanguageModel | None = None,
+    draft: LanguageModel | Drafter | None = None,
     method: str | None = None,
     max_new_tokens: int = 64,
     temperature: float = 1.0,
@@ -209,7 +211,7 @@ def decode(
     """
     _check_prompt_or_messages(prompt, messages)
     target, draft = _resolve_models(target, draft)
-    _warn_half_precision_on_cpu(target, draft)
+    _warn_half_precision_on_cpu(target, draft.model if isinstance(draft, ARDrafter) else None)
     if method is None:
         method = DEFAULT_METHOD if draft is not None else "ar"
     if not isinstance(method, str) or method not in METHODS:
@@ -217,13 +219,15 @@ def decode(
     mdef = METHODS[method]
     if mdef.needs_draft:
         if draft is None:
-            raise ValueError(f"method {method!r} needs a draft model: pass draft=... "
-                             "(a small LanguageModel sharing the target's vocabulary)")
+            raise ValueError(f"method {method!r} needs a draft model or drafter: pass draft=... (a small LanguageModel sharing "
+                             "the target's vocabulary, or a smcsd.drafters.Drafter such as PromptLookup())")
+        draft = draft.bind(target)  # checks the vocabulary (and fills in what the drafter takes from the target)
+        if not mdef.exact and not draft.full_support:
+            raise ValueError(f"method {method!r} weights particles by p_T/q, so the drafter must give every token "
+                             f"positive probability, but {draft.describe()} does not; use an exact method "
+                             "('sd', 'sd-multi') or a drafter with full support (e.g. PromptLookup(floor=0.01))")
     else:
         draft = None
-    if draft is not None and draft.config.vocab_size != target.config.vocab_size:
-        raise ValueError(f"draft and target vocabularies differ (draft vocab_size={draft.config.vocab_size}, "
-                         f"target vocab_size={target.config.vocab_size}); they must share one tokenizer")
     max_new_tokens = _check_int("max_new_tokens", max_new_tokens, 1)
     _sampling.validate(temperature, top_k, top_p)
     if draft_temperature is None:
@@ -261,8 +265,8 @@ def decode(
     headroom = mdef.headroom(K_eff, N_eff)
     longest = max(len(r) for r in requests)
     max_pos = target.config.max_position_embeddings
-    if draft is not None:
-        max_pos = min(max_pos, draft.config.max_position_embeddings)
+    if draft is not None and draft.max_len is not None:
+        max_pos = min(max_pos, draft.max_len)
     if longest > max_pos:
         raise ValueError(f"prompt of {longest} tokens is longer than the model's max length "
                          f"(max_position_embeddings={max_pos}); shorten the prompt")
@@ -300,16 +304,18 @@ def decode(
         draft_sampling=_sampling.SamplingParams.make(draft_temperature, *draft_truncation),
         max_new_tokens=jnp.asarray(max_new_tokens, jnp.int32), stop_ids=jnp.asarray(stop_arr),
         ess_threshold=jnp.asarray(ess_threshold, jnp.float32), alpha=jnp.asarray(alpha, jnp.float32))
-    draft_cfg = draft.config if draft is not None else None
     if mesh is None:  # per-layer weight buffers on CPU (LanguageModel.decode_params)
-        args = (target.decode_params(), draft.decode_params() if draft is not None else None, inputs)
+        args = (target.decode_params(), draft.drafter_params() if draft is not None else None, inputs)
     else:
-        args = (target.params, draft.params if draft is not None else None, inputs)
+        draft_params = None
+        if draft is not None:
+            draft_params = draft.model.params if isinstance(draft, ARDrafter) else draft.drafter_params()
+        args = (target.params, draft_params, inputs)
 
     if mesh is not None:  # validate against the batch, put params/inputs on the mesh (smcsd/mesh.py)
         from .mesh import place_args
-        mesh, args = place_args(mesh, spec, target.config, draft_cfg, args)
-    program, compile_s = compiled_program(mdef, target.config, draft_cfg, spec, args, mesh=mesh)
+        mesh, args = place_args(mesh, spec, target.config, getattr(draft, "config", None), args)
+    program, compile_s = compiled_program(mdef, target.config, draft, spec, args, mesh=mesh)
     start = time.perf_counter()
     raw = program(*args)
     raw = jax.device_get(raw)

@@ -1,9 +1,10 @@
 """Shared machinery of the decode programs: static specs, inputs, cache sizing, the compile cache,
 and the small traced helpers every method uses (prefill, stop detection, output writes).
 
-A method is registered with `register_method`; its `build(target_cfg, draft_cfg, spec)` returns a
+A method is registered with `register_method`; its `build(target_cfg, drafter, spec)` returns a
 pure function `(target_params, draft_params, inputs: ProgramInputs) -> dict` that runs the whole
-decode (prefill + `lax.while_loop`) and is compiled once per (method, configs, StaticSpec).
+decode (prefill + `lax.while_loop`) and is compiled once per (method, target config, drafter, StaticSpec);
+`drafter` is a static `smcsd.drafters.Drafter` (or None) and `draft_params` its `drafter_params()`.
 """
 
 from __future__ import annotations
@@ -55,7 +56,7 @@ class ProgramInputs(NamedTuple):
 @dataclasses.dataclass(frozen=True)
 class MethodDef:
     name: str
-    build: Callable  # (target_cfg, draft_cfg | None, StaticSpec) -> program
+    build: Callable  # (target_cfg, drafter: smcsd.drafters.Drafter | None, StaticSpec) -> program
     needs_draft: bool
     headroom: Callable  # (num_speculative_tokens, num_particles) -> extra cache/output slots
     exact: bool = True
@@ -86,20 +87,21 @@ def bucket(n: int, minimum: int = 16) -> int:
 _COMPILED: dict = {}
 
 
-def compiled_program(method: MethodDef, target_cfg: ModelConfig, draft_cfg, spec: StaticSpec, args, mesh=None):
-    """The compiled program for this (method, configs, spec[, mesh]), and the seconds spent compiling now.
+def compiled_program(method: MethodDef, target_cfg: ModelConfig, drafter, spec: StaticSpec, args, mesh=None):
+    """The compiled program for this (method, target config, drafter, spec[, mesh]), and the seconds spent
+    compiling now. `drafter` is a static (hashable) `Drafter` or None.
 
     With a `mesh` (args already placed by `smcsd.mesh.place_args`) it is compiled with sharded
     in/out shardings and cache constraints (`smcsd.mesh.compile_sharded`)."""
     layout = jax.tree_util.tree_structure(args[:2])  # stacked or per-layer params compile differently
-    key = (method.name, target_cfg, draft_cfg, spec, layout) + ((mesh,) if mesh is not None else ())
+    key = (method.name, target_cfg, drafter, spec, layout) + ((mesh,) if mesh is not None else ())
     if key in _COMPILED:
         return _COMPILED[key], 0.0
-    fn = method.build(target_cfg, draft_cfg, spec)
+    fn = method.build(target_cfg, drafter, spec)
     start = time.perf_counter()
     if mesh is not None:
         from .mesh import compile_sharded
-        compiled = compile_sharded(fn, mesh, target_cfg, draft_cfg, args)
+        compiled = compile_sharded(fn, mesh, target_cfg, getattr(drafter, "config", None), args)
     else:
         compiled = jax.jit(fn).lower(*args).compile()
     elapsed = time.perf_counter() - start
@@ -113,8 +115,11 @@ def clear_compile_cache() -> None:
 
 # ----------------------------------------------------------------------------- traced helpers
 
-def prefill(config: ModelConfig, params, prompt, prompt_len, cache_len: int, rows_per_prompt: int = 1):
-    """Run the padded prompts through the model once; returns (last-token logits [B, V], cache).
+def prefill(config: ModelConfig, params, prompt, prompt_len, cache_len: int, rows_per_prompt: int = 1,
+            hidden_layers: tuple[int, ...] = ()):
+    """Run the padded prompts through the model once; returns (last-token logits [B, V], cache), plus the
+    hidden states `[B, Tp, len(hidden_layers) * D]` of every prompt position when `hidden_layers` is given
+    (per request, not fanned out: what a drafter's `init` reads).
 
     With `rows_per_prompt = n`, the cache is then fanned out so prompt b fills rows b*n .. b*n+n-1
     (particles share the prompt: one prefill per request, broadcast to N rows).
@@ -122,13 +127,29 @@ def prefill(config: ModelConfig, params, prompt, prompt_len, cache_len: int, row
     B = prompt.shape[0]
     cache = init_cache(config.num_hidden_layers, B, cache_len, config.num_key_value_heads, config.head_dim,
                        config.jnp_dtype, per_layer=layers_unstacked(params))
-    logits, cache = forward_cached(config, params, prompt, cache, num_valid=prompt_len,
-                                   logit_index=(prompt_len - 1)[:, None])  # the LM head at the last token only
+    out = forward_cached(config, params, prompt, cache, num_valid=prompt_len, hidden_layers=hidden_layers,
+                         logit_index=(prompt_len - 1)[:, None])  # the LM head at the last token only
+    logits, cache = out[0], out[1]
     last = logits[:, 0]
     if rows_per_prompt > 1:
         cache = cache.repeat(rows_per_prompt)
         last = jnp.repeat(last, rows_per_prompt, axis=0)
+    if hidden_layers:
+        return last, cache, _hidden_concat(out[2])
     return last, cache
+
+
+def verify_call(config: ModelConfig, params, block, cache: KVCache, num_valid=None, hidden_layers=()):
+    """The target's verification forward over `block [R, T]`: `(logits [R, T, V], cache', hidden)` with
+    `hidden [R, T, len(hidden_layers) * D]` from the same forward (None when no layers are asked for)."""
+    out = forward_cached(config, params, block, cache, num_valid=num_valid, hidden_layers=hidden_layers)
+    return out[0], out[1], (_hidden_concat(out[2]) if hidden_layers else None)
+
+
+def _hidden_concat(hidden):
+    """`[L, R, T, D]` (what the models return) -> `[R, T, L*D]` (what drafters read)."""
+    L, R, T, D = hidden.shape
+    return jnp.transpose(hidden, (1, 2, 0, 3)).reshape(R, T, L * D)
 
 
 def is_stop(tokens, stop_ids):
@@ -160,4 +181,4 @@ def split_key(key, num: int = 2):
 
 
 __all__ = ["KVCache", "METHODS", "MethodDef", "ProgramInputs", "StaticSpec", "bucket", "compiled_program",
-           "first_stop_count", "is_stop", "prefill", "register_method", "write_tokens"]
+           "first_stop_count", "is_stop", "prefill", "register_method", "verify_call", "write_tokens"]

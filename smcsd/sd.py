@@ -5,7 +5,8 @@ Both keep the output distribution equal to `ar`'s (the processed target p_T, top
 temperature 0 included) and run as one jitted program: prefill, then a `lax.while_loop` of cycles
 
     draft K tokens (`drafter.propose`) -> one target call on [x0, x1..xK] -> accept a prefix of
-    n tokens plus one correction/bonus token c -> roll both caches back by setting lengths.
+    n tokens plus one correction/bonus token c -> `drafter.observe` the committed tokens (with the target's
+    hidden states from that call, if the drafter asks) -> roll both back by setting lengths.
 
 Cache bookkeeping per row, with T the target length before the cycle (it excludes the pending x0):
 target length -> T + 1 + n and pending -> c; draft: if n == K the draft never saw x_K, so feed
@@ -21,11 +22,13 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 
-from models import KVCache, forward_cached
+from typing import Any
 
-from .drafter import initial_feed, propose
+from models import KVCache
+
+from .drafters import as_drafter, initial_feed
 from .engine import MethodDef, ProgramInputs, StaticSpec, first_stop_count, is_stop, prefill, register_method, \
-    write_tokens
+    verify_call, write_tokens
 from .sampling import process_logits, sample
 
 
@@ -66,7 +69,7 @@ def _sample_probs(key, probs):
 
 class _State(NamedTuple):
     target_cache: KVCache
-    draft_cache: KVCache
+    draft_state: Any  # the drafter's state (a KVCache for ARDrafter)
     tok: jax.Array  # int32[B]: pending token x0 (emitted, not yet in the target cache)
     feed: jax.Array  # int32[B, 2]: tokens the draft cache still has to take (pending x_K and/or x0)
     feed_count: jax.Array  # int32[B] in {1, 2}
@@ -81,11 +84,21 @@ class _State(NamedTuple):
     per_position: jax.Array  # int32[K]
 
 
-def _start(target_cfg, draft_cfg, target_params, draft_params, inp: ProgramInputs, spec: StaticSpec, rows: int):
-    """Prefill both models (`rows` cache rows per request) and sample the first token per request."""
+def start_drafting(target_cfg, drafter, target_params, draft_params, inp: ProgramInputs, spec: StaticSpec, rows: int):
+    """Prefill the target (`rows` cache rows per request) and build the drafter's state from the prompt (with
+    the target's hidden states of the prompt, if the drafter asks). Returns (last logits [B*rows, V], target
+    cache, drafter state)."""
+    hl = drafter.hidden_layers
+    pre = prefill(target_cfg, target_params, inp.prompt, inp.prompt_len, spec.cache_len, rows, hidden_layers=hl)
+    last, tcache = pre[0], pre[1]
+    dstate = drafter.init(draft_params, inp.prompt, inp.prompt_len, spec.cache_len, rows, pre[2] if hl else None)
+    return last, tcache, dstate
+
+
+def _start(target_cfg, drafter, target_params, draft_params, inp: ProgramInputs, spec: StaticSpec, rows: int):
+    """Prefill the target and the drafter (`rows` rows per request) and sample the first token per request."""
     B, K = spec.batch, spec.num_speculative_tokens
-    last, tcache = prefill(target_cfg, target_params, inp.prompt, inp.prompt_len, spec.cache_len, rows)
-    _, dcache = prefill(draft_cfg, draft_params, inp.prompt, inp.prompt_len, spec.cache_len, rows)
+    last, tcache, dcache = start_drafting(target_cfg, drafter, target_params, draft_params, inp, spec, rows)
     key, sub = jax.random.split(inp.key)
     tok = sample(sub, process_logits(last[::rows], inp.sampling))  # one first token per request
     out = jnp.full((B, spec.out_len), -1, jnp.int32).at[:, 0].set(tok)
@@ -130,33 +143,33 @@ def _finish_cycle(s: _State, inp: ProgramInputs, K: int, n_acc, path, c, tlen_be
     return s, tlen, dlen
 
 
-def _result(s: _State, K: int):
+def _result(s: _State, K: int, drafter):
     return {"tokens": s.out, "lengths": s.n,
             "stats": {"num_target_calls": s.calls, "live_calls": s.live_calls,
-                      "num_draft_calls": K * s.calls,  # K batched draft calls per cycle
+                      "num_draft_calls": drafter.calls_per_proposal(K) * s.calls,  # batched drafter calls
                       "num_drafts": s.drafts, "num_draft_tokens": K * s.drafts,
                       "num_accepted_tokens": s.accepted, "accepted_per_position": s.per_position}}
 
 
 # ----------------------------------------------------------------------------- sd
 
-def build_sd(target_cfg, draft_cfg, spec: StaticSpec):
+def build_sd(target_cfg, drafter, spec: StaticSpec):
     """Speculative decoding with one draft per request (Leviathan et al. 2023; Chen et al. 2023)."""
     B, K = spec.batch, spec.num_speculative_tokens
+    drafter = as_drafter(drafter)
 
     def program(target_params, draft_params, inp: ProgramInputs):
-        state = _start(target_cfg, draft_cfg, target_params, draft_params, inp, spec, rows=1)
+        state = _start(target_cfg, drafter, target_params, draft_params, inp, spec, rows=1)
 
         def body(s: _State) -> _State:
             key, k_draft, k_accept, k_corr = jax.random.split(s.key, 4)
             live = ~s.done
-            tlen_before, dlen_before = s.target_cache.lengths, s.draft_cache.lengths
-            prop = propose(draft_cfg, draft_params, s.draft_cache, s.feed, s.feed_count, k_draft,
-                           inp.draft_sampling, K)
+            tlen_before, dlen_before = s.target_cache.lengths, drafter.lengths(s.draft_state)
+            prop = drafter.propose(draft_params, s.draft_state, s.feed, s.feed_count, k_draft, inp.draft_sampling, K)
             x = prop.tokens  # [B, K]
             block = jnp.concatenate([s.tok[:, None], x], axis=1)
-            logits, tcache = forward_cached(target_cfg, target_params, block, s.target_cache,
-                                            num_valid=jnp.where(live, K + 1, 0))
+            logits, tcache, hidden = verify_call(target_cfg, target_params, block, s.target_cache,
+                                                 jnp.where(live, K + 1, 0), drafter.hidden_layers)
             p = jnp.exp(process_logits(logits, inp.sampling))  # [B, K+1, V]
             q = jnp.exp(prop.logq)  # [B, K, V]
             u = jax.random.uniform(k_accept, (B, K))
@@ -171,10 +184,12 @@ def build_sd(target_cfg, draft_cfg, spec: StaticSpec):
 
             s = s._replace(key=key)
             s, tlen, dlen = _finish_cycle(s, inp, K, n_acc, x, c, tlen_before, dlen_before)
-            return s._replace(target_cache=tcache.set_lengths(tlen), draft_cache=prop.cache.set_lengths(dlen))
+            dstate = drafter.observe(draft_params, prop.state, block, hidden, tlen_before,
+                                     jnp.where(live, n_acc + 1, 0))
+            return s._replace(target_cache=tcache.set_lengths(tlen), draft_state=drafter.set_lengths(dstate, dlen))
 
         state = jax.lax.while_loop(lambda s: ~jnp.all(s.done), body, state)
-        return _result(state, K)
+        return _result(state, K, drafter)
 
     return program
 
@@ -230,24 +245,25 @@ def rrs_walk(X, p, q, u, accept=None):
     return n_acc, path, r_final, winner
 
 
-def build_sd_multi(target_cfg, draft_cfg, spec: StaticSpec):
+def build_sd_multi(target_cfg, drafter, spec: StaticSpec):
     """Multi-draft speculative decoding: N independent drafts per request (rows b*N .. b*N+N-1), all
     B·N·(K+1) tokens verified in one target call, accepted by `rrs_walk`; the winner's caches are
     then gathered to all N rows of its request and rolled back by lengths like `sd`."""
     B, K, N = spec.batch, spec.num_speculative_tokens, spec.num_particles
+    drafter = as_drafter(drafter)
 
     def program(target_params, draft_params, inp: ProgramInputs):
-        state = _start(target_cfg, draft_cfg, target_params, draft_params, inp, spec, rows=N)
+        state = _start(target_cfg, drafter, target_params, draft_params, inp, spec, rows=N)
 
         def body(s: _State) -> _State:
             key, k_draft, k_accept, k_corr = jax.random.split(s.key, 4)
             live = ~s.done
-            tlen_before, dlen_before = s.target_cache.lengths[::N], s.draft_cache.lengths[::N]
-            prop = propose(draft_cfg, draft_params, s.draft_cache, jnp.repeat(s.feed, N, axis=0),
-                           jnp.repeat(s.feed_count, N), k_draft, inp.draft_sampling, K)
+            tlen_before, dlen_before = s.target_cache.lengths[::N], drafter.lengths(s.draft_state)[::N]
+            prop = drafter.propose(draft_params, s.draft_state, jnp.repeat(s.feed, N, axis=0),
+                                   jnp.repeat(s.feed_count, N), k_draft, inp.draft_sampling, K)
             block = jnp.concatenate([jnp.repeat(s.tok, N)[:, None], prop.tokens], axis=1)  # [R, K+1]
-            logits, tcache = forward_cached(target_cfg, target_params, block, s.target_cache,
-                                            num_valid=jnp.repeat(jnp.where(live, K + 1, 0), N))
+            logits, tcache, hidden = verify_call(target_cfg, target_params, block, s.target_cache,
+                                                 jnp.repeat(jnp.where(live, K + 1, 0), N), drafter.hidden_layers)
             V = logits.shape[-1]
             p = jnp.exp(process_logits(logits, inp.sampling)).reshape(B, N, K + 1, V)
             q = jnp.exp(prop.logq).reshape(B, N, K, V)
@@ -264,11 +280,14 @@ def build_sd_multi(target_cfg, draft_cfg, spec: StaticSpec):
             # writes, so only the K+1 slots written this cycle are copied, not whole cache rows.
             rows = jnp.repeat(jnp.arange(B) * N + winner, N)
             tcache = tcache.copy_window(rows, jnp.repeat(tlen_before, N), K + 1).set_lengths(jnp.repeat(tlen, N))
-            dcache = prop.cache.copy_window(rows, jnp.repeat(dlen_before, N), K + 1).set_lengths(jnp.repeat(dlen, N))
-            return s._replace(target_cache=tcache, draft_cache=dcache)
+            dstate = drafter.copy_window(prop.state, rows, jnp.repeat(dlen_before, N), K + 1)
+            # The drafter observes the accepted path (the winner's block) on every row of the request.
+            dstate = drafter.observe(draft_params, dstate, block[rows], None if hidden is None else hidden[rows],
+                                     jnp.repeat(tlen_before, N), jnp.repeat(jnp.where(live, n_acc + 1, 0), N))
+            return s._replace(target_cache=tcache, draft_state=drafter.set_lengths(dstate, jnp.repeat(dlen, N)))
 
         state = jax.lax.while_loop(lambda s: ~jnp.all(s.done), body, state)
-        return _result(state, K)
+        return _result(state, K, drafter)
 
     return program
 

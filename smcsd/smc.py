@@ -65,12 +65,15 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 
-from models import KVCache, forward_cached
+from typing import Any
+
+from models import KVCache
 from resample import maybe_resample, normalize
 
-from .drafter import initial_feed, propose
-from .engine import MethodDef, ProgramInputs, StaticSpec, first_stop_count, is_stop, prefill, register_method, \
+from .drafters import as_drafter, initial_feed
+from .engine import MethodDef, ProgramInputs, StaticSpec, first_stop_count, is_stop, register_method, verify_call, \
     write_tokens
+from .sd import start_drafting
 from .sampling import process_logits, sample
 
 
@@ -78,7 +81,7 @@ class SMCState(NamedTuple):
     """Everything the decode loop carries; rows are request-major (b*N + i)."""
 
     cache_t: KVCache  # target cache: prompt + emitted tokens except the pending one
-    cache_d: KVCache  # draft cache: lags by feed_count tokens
+    cache_d: Any  # drafter state (a KVCache for ARDrafter): lags by feed_count tokens
     feed: jax.Array  # int32[R, 2] pending draft feed (x_0, or [x_K, b])
     feed_count: jax.Array  # int32[R] in {1, 2}
     pending: jax.Array  # int32[R] x_0 of the next cycle (already emitted, not yet in the target cache)
@@ -123,7 +126,7 @@ def _increment(lp, lq, alpha):
     return jnp.where(jnp.isnan(inc), -jnp.inf, inc)
 
 
-def program_parts(target_cfg, draft_cfg, spec: StaticSpec):
+def program_parts(target_cfg, drafter, spec: StaticSpec):
     """`(init, cycle, finish)`: the program is `finish(while_loop(live, cycle, init(...)))`.
 
     Exposed separately so tests can run single cycles and inspect the particle state.
@@ -133,14 +136,12 @@ def program_parts(target_cfg, draft_cfg, spec: StaticSpec):
     """
     B, N, K, out_len = spec.batch, spec.num_particles, spec.num_speculative_tokens, spec.out_len
     R, C = B * N, max_cycles(spec)
+    drafter = as_drafter(drafter)  # a Drafter, or a draft model's ModelConfig (tests, experiments)
     log_n = jnp.log(jnp.float32(N))
     rows_of = (jnp.arange(B, dtype=jnp.int32) * N)[:, None]  # [B, 1]: first global row of each request
 
     def init(target_params, draft_params, inp: ProgramInputs) -> SMCState:
-        last, cache_t = prefill(target_cfg, target_params, inp.prompt, inp.prompt_len, spec.cache_len,
-                                rows_per_prompt=N)
-        _, cache_d = prefill(draft_cfg, draft_params, inp.prompt, inp.prompt_len, spec.cache_len,
-                             rows_per_prompt=N)
+        last, cache_t, cache_d = start_drafting(target_cfg, drafter, target_params, draft_params, inp, spec, N)
         key, sub = jax.random.split(inp.key)
         tempered = _tempered(process_logits(last, inp.sampling), inp.alpha)  # [R, V]
         x0 = sample(sub, tempered)  # independent per particle
@@ -164,11 +165,13 @@ def program_parts(target_cfg, draft_cfg, spec: StaticSpec):
         req_live = jnp.any(live.reshape(B, N), axis=1)
 
         # 1. draft K tokens on every row
-        prop = propose(draft_cfg, draft_params, s.cache_d, s.feed, s.feed_count, k_draft, inp.draft_sampling, K)
+        prop = drafter.propose(draft_params, s.cache_d, s.feed, s.feed_count, k_draft, inp.draft_sampling, K)
         x = prop.tokens  # [R, K]
-        # 2. one target call on [x_0 .. x_K]
+        # 2. one target call on [x_0 .. x_K] (with the hidden states the drafter asks for)
         block = jnp.concatenate([s.pending[:, None], x], axis=1)  # [R, K+1]
-        logits, cache_t = forward_cached(target_cfg, target_params, block, s.cache_t)
+        start = s.cache_t.lengths
+        logits, cache_t, hidden = verify_call(target_cfg, target_params, block, s.cache_t,
+                                              hidden_layers=drafter.hidden_layers)
         logp = process_logits(logits, inp.sampling)  # [R, K+1, V]
         # 4. bonus from normalise(p_T^α) at position K
         tempered_bonus = _tempered(logp[:, K], inp.alpha)
@@ -209,12 +212,16 @@ def program_parts(target_cfg, draft_cfg, spec: StaticSpec):
         log_z = s.log_z + jnp.where(resampled, jax.nn.logsumexp(lw, axis=1) - log_n, 0.0)
         log_w = jnp.where(resampled[:, None], 0.0, lw).reshape(R)
 
-        moved = (cache_t, prop.cache, feed, feed_count, bonus, out, n, done)
-        moved = jax.lax.cond(jnp.any(resampled),
-                             lambda m: jax.tree_util.tree_map(lambda a: _take_rows(a, ancestors), m,
-                                                              is_leaf=lambda a: isinstance(a, KVCache)),
-                             lambda m: m, moved)
-        cache_t, cache_d, feed, feed_count, pending, out, n, done = moved
+        # the drafter sees every token of the block (x_0..x_K are all context now; a done row's are stale)
+        cache_d = drafter.observe(draft_params, prop.state, block, hidden, start, jnp.where(live, K + 1, 0))
+        moved = (cache_t, feed, feed_count, bonus, out, n, done)
+        moved, cache_d = jax.lax.cond(
+            jnp.any(resampled),
+            lambda m, d: (jax.tree_util.tree_map(lambda a: _take_rows(a, ancestors), m,
+                                                 is_leaf=lambda a: isinstance(a, KVCache)),
+                          drafter.gather(d, ancestors)),
+            lambda m, d: (m, d), moved, cache_d)
+        cache_t, feed, feed_count, pending, out, n, done = moved
 
         c = s.cycle
         return SMCState(cache_t=cache_t, cache_d=cache_d, feed=feed, feed_count=feed_count, pending=pending,
@@ -239,7 +246,7 @@ def program_parts(target_cfg, draft_cfg, spec: StaticSpec):
         rows = rows_of[:, 0] + pick
         raw = {"tokens": s.out[rows], "lengths": s.n[rows],
                "stats": {"num_target_calls": s.cycle, "live_calls": s.live_calls,
-                         "num_draft_calls": K * s.cycle, "num_drafts": s.num_drafts,
+                         "num_draft_calls": drafter.calls_per_proposal(K) * s.cycle, "num_drafts": s.num_drafts,
                          "num_draft_tokens": s.num_draft_tokens, "num_accepted_tokens": s.num_accepted,
                          "accepted_per_position": s.accepted_per_position,
                          "ess_per_cycle": s.ess, "resampled_per_cycle": s.resampled,
@@ -260,8 +267,8 @@ def _take_rows(a, index):
     return jnp.take(a, index, axis=0)
 
 
-def build_smc(target_cfg, draft_cfg, spec: StaticSpec):
-    init, cycle, finish = program_parts(target_cfg, draft_cfg, spec)
+def build_smc(target_cfg, drafter, spec: StaticSpec):
+    init, cycle, finish = program_parts(target_cfg, drafter, spec)
 
     def program(target_params, draft_params, inp: ProgramInputs):
         state = init(target_params, draft_params, inp)

@@ -3,3 +3,14 @@ import sys
 
 # Tests share helpers (tests/toys.py) by plain import.
 sys.path.insert(0, os.path.dirname(__file__))
+
+# XLA:CPU compile time dominates this suite (5-12 s per decode program even for a one-layer toy). A persistent
+# compilation cache lets the subprocesses (CLI, notebooks, experiments) and the later `-m slow` run reuse the programs
+# an earlier process compiled. Set SMCSD_TEST_JAX_CACHE="" to turn it off. Environment variables, not jax.config, so
+# the subprocesses inherit it.
+_cache = os.environ.get("SMCSD_TEST_JAX_CACHE",
+                        os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                                     ".pytest_cache", "jax-compile"))
+if _cache:
+    os.environ.setdefault("JAX_COMPILATION_CACHE_DIR", _cache)
+    os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0.5")

@@ -72,8 +72,10 @@ def _key(tokens, length):
     return (tokens * (V + 1) ** np.arange(length)[::-1]).sum(-1)
 
 
-def single_cycle_laws(prompt, length, Ns, alpha=1.0, eos=None, seed=0):
+def single_cycle_laws(prompt, length, Ns, alpha=1.0, eos=None, seed=0, lq=None):
     """(p_alpha, {N: L_N}) over padded outputs for `length` <= K + 2 (x_0 plus at most one cycle).
+    `lq` float64[V**length, length, V]: the drafter's log q at each position of each continuation (default:
+    the toy draft model's).
 
     Proposal per position t: t = 0 and t = K+1 from normalise(p^alpha), 1 <= t <= K from q. Only
     emitted tokens (up to the first `eos`, inclusive) are weighted: draft tokens by p^alpha / q,
@@ -81,7 +83,8 @@ def single_cycle_laws(prompt, length, Ns, alpha=1.0, eos=None, seed=0):
     """
     target, draft = _pair()
     y, lp = _tables(target, prompt, length)
-    _, lq = _tables(draft, prompt, length)
+    if lq is None:
+        _, lq = _tables(draft, prompt, length)
     t = np.arange(length)
     from_p = (t == 0) | (t == K + 1)
     la = alpha * lp
@@ -415,7 +418,7 @@ def test_one_target_call_per_cycle(monkeypatch):
     init, cycle, _ = smc_mod.program_parts(target.config, draft.config, spec)
     inp = _inputs(PROMPTS[:2], ess_threshold=1.0)
     state = jax.eval_shape(lambda: init(target.params, draft.params, inp))
-    monkeypatch.setattr(smc_mod, "forward_cached", counting)
+    monkeypatch.setattr(engine, "forward_cached", counting)  # the target's verification call (engine.verify_call)
     jax.make_jaxpr(lambda s: cycle(target.params, draft.params, inp, s))(state)
     assert [c == target.config for c in calls] == [True]
 

@@ -1,0 +1,29 @@
+"""Drafters: a layer of their own (DESIGN.md, "Drafters"). One kind per file, behind `base.Drafter`.
+
+- `ARDrafter(model)`: a small autoregressive model (a `LanguageModel` passed as `draft=` is wrapped in it).
+- `PromptLookup()`: n-gram lookup in the prompt and output so far, no params.
+"""
+
+from __future__ import annotations
+
+from .ar import ARDrafter
+from .base import Drafter, Proposal, TokenHistory, TreeProposal, initial_feed
+from .prompt_lookup import PromptLookup
+
+KINDS = {"ar": ARDrafter, "prompt-lookup": PromptLookup}
+
+
+def as_drafter(draft):
+    """A `Drafter` from what `decode(draft=...)` accepts: a Drafter, a `models.LanguageModel` (wrapped in
+    `ARDrafter`), a `models.ModelConfig` (static use: building programs), or None."""
+    from models import LanguageModel, ModelConfig
+    if draft is None or isinstance(draft, Drafter):
+        return draft
+    if isinstance(draft, (LanguageModel, ModelConfig)):
+        return ARDrafter(draft)
+    raise TypeError(f"draft must be a models.LanguageModel, a smcsd.drafters.Drafter (ARDrafter, PromptLookup, ...) "
+                    f"or None, got {type(draft).__name__}")
+
+
+__all__ = ["ARDrafter", "Drafter", "KINDS", "PromptLookup", "Proposal", "TokenHistory", "TreeProposal",
+           "as_drafter", "initial_feed"]

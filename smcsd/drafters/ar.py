@@ -1,0 +1,106 @@
+"""`ARDrafter`: a small autoregressive language model as the drafter (today's draft model).
+
+Its state is its own KV cache (`models.KVCache`); `propose` makes K sequential calls: one on the pending
+tokens (feed), then one per sampled token, sampling each x_k from the processed draft distribution
+(`sampling`: the draft temperature, and top-k/top-p for the exact methods). A `LanguageModel` passed as
+`decode(draft=...)` is wrapped in it, so existing code keeps working.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+
+from models import LanguageModel, ModelConfig, forward_cached
+
+from ..engine import prefill
+from ..sampling import process_logits, sample
+from .base import Drafter, Proposal
+
+
+@dataclasses.dataclass(frozen=True, init=False)
+class ARDrafter(Drafter):
+    """A small `LanguageModel` sharing the target's vocabulary; `.model` is that model."""
+
+    model_config: ModelConfig
+    model: LanguageModel | None = dataclasses.field(compare=False, hash=False, repr=False)
+
+    kind = "ar"
+
+    def __init__(self, model):
+        if isinstance(model, ModelConfig):  # static use only (building programs from configs)
+            config, model = model, None
+        elif isinstance(model, LanguageModel):
+            config = model.config
+        else:
+            raise TypeError(f"ARDrafter wraps a models.LanguageModel, got {type(model).__name__}")
+        object.__setattr__(self, "model_config", config)
+        object.__setattr__(self, "model", model)
+
+    def __repr__(self):
+        return f"ARDrafter({self.model!r})" if self.model is not None else f"ARDrafter({self.model_config!r})"
+
+    # ------------------------------------------------------------------ host side
+    def drafter_params(self):
+        if self.model is None:
+            raise ValueError("this ARDrafter was built from a config alone and has no params; wrap a LanguageModel")
+        return self.model.decode_params()
+
+    @property
+    def config(self) -> ModelConfig:
+        return self.model_config
+
+    @property
+    def vocab_size(self) -> int:
+        return self.model_config.vocab_size
+
+    @property
+    def max_len(self) -> int:
+        return self.model_config.max_position_embeddings
+
+    @property
+    def dtype(self) -> str:
+        return self.model_config.dtype
+
+    @property
+    def name(self) -> str:
+        return self.model.name if self.model is not None else "ar"
+
+    def bind(self, target) -> "ARDrafter":
+        if self.vocab_size != target.config.vocab_size:
+            raise ValueError(f"draft and target vocabularies differ (draft vocab_size={self.vocab_size}, "
+                             f"target vocab_size={target.config.vocab_size}); they must share one tokenizer")
+        return self
+
+    def describe(self) -> str:
+        return f"ar:{self.name}"
+
+    # ------------------------------------------------------------------ traced
+    def init(self, params, prompt, prompt_len, cache_len, rows_per_prompt, target_hidden=None):
+        _, cache = prefill(self.model_config, params, prompt, prompt_len, cache_len, rows_per_prompt)
+        return cache
+
+    def propose(self, params, state, feed, feed_count, key, sampling, num_tokens: int) -> Proposal:
+        """K = `num_tokens` draft calls: one on the pending tokens, then one per sampled token."""
+        config = self.model_config
+        keys = jax.random.split(key, num_tokens)
+        logits, cache = forward_cached(config, params, feed, state, num_valid=feed_count)
+        last = jnp.take_along_axis(logits, (feed_count - 1)[:, None, None], axis=1)[:, 0]
+        logq0 = process_logits(last, sampling)
+        tok0 = sample(keys[0], logq0)
+        if num_tokens == 1:
+            return Proposal(tok0[:, None], logq0[:, None], cache)
+
+        def step(carry, k):
+            tok, cache = carry
+            logits, cache = forward_cached(config, params, tok[:, None], cache)
+            logq = process_logits(logits[:, 0], sampling)
+            nxt = sample(k, logq)
+            return (nxt, cache), (nxt, logq)
+
+        (_, cache), (toks, logqs) = jax.lax.scan(step, (tok0, cache), keys[1:])
+        tokens = jnp.concatenate([tok0[:, None], toks.T], axis=1)
+        logq = jnp.concatenate([logq0[:, None], jnp.swapaxes(logqs, 0, 1)], axis=1)
+        return Proposal(tokens, logq, cache)

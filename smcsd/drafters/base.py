@@ -1,0 +1,205 @@
+"""The drafter contract: a drafter proposes, a method (`sd`, `sd-multi`, `smc`, ...) verifies.
+
+A `Drafter` is a *static* object: a frozen dataclass whose compared fields fix the compiled program (so it
+is part of the compile-cache key), with pure, jit-traceable functions over `(params, state)`. Its params
+(`drafter_params()`, a pytree or None) are a traced argument of the decode program, like the target's.
+
+Inside a program (DESIGN.md, "Drafters"):
+
+    state = d.init(params, prompt, prompt_len, cache_len, rows_per_prompt, target_hidden)
+    loop:
+        prop = d.propose(params, state, feed, feed_count, key, sampling, K)    # x_1..x_K and log q
+        ... one target call on [x_0, x_1..x_K] (with hidden states of `d.hidden_layers`) ...
+        state = d.observe(params, prop.state, block, hidden, start, num_valid)  # what was committed
+        state = d.set_lengths(state, new_lengths)   # roll back to the accepted prefix
+        (sd-multi: d.copy_window; smc: d.gather by ancestors)
+
+Pending tokens ("feed"): after a cycle a row's drafter state may lag its sequence by one or two tokens
+(the last drafted x_K was never fed, plus the new pending token). Each row hands in up to two tokens
+`feed [R, 2]` with `feed_count [R]` in {1, 2}; `propose` takes them in first. The arithmetic every method
+keeps: drafter length = committed target length + 1 − feed_count.
+
+Exactness: `propose` returns, for each drafted token, the full processed log-distribution it was really
+sampled from (`logq [R, K, V]`). Rejection sampling (`sd`, `sd-multi`) is exact for *any* such q; `smc`'s
+importance weights are consistent when q covers p_T's support (`full_support`).
+
+State: any pytree whose rows follow the batch axis, with per-row `lengths`; the default row operations
+delegate to the state's own `lengths` / `set_lengths` / `copy_window` / `gather` / `repeat` methods
+(`models.KVCache` has them; `TokenHistory` is the token-buffer twin). A drafter with a compound state
+overrides the row operations.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, NamedTuple, Sequence
+
+import jax
+import jax.numpy as jnp
+from flax import struct
+
+
+class Proposal(NamedTuple):
+    """A chain of K drafted tokens per row."""
+
+    tokens: jax.Array  # int32[R, K]: proposed x_1..x_K
+    logq: jax.Array  # float32[R, K, V]: processed log-distribution each token was sampled from
+    state: Any  # drafter state holding the fed tokens and x_1..x_{K-1} (x_K is not yet fed)
+
+
+class TreeProposal(NamedTuple):
+    """A token tree of M nodes per row (declared for tree drafters: D²SD, SpecBlock; used by `sd-tree`).
+
+    Node m has parent `parents[r, m]` (−1: a child of the pending token x_0) and depth `depths[r, m]` (1 = a
+    child of x_0); `logq[r, m]` is the distribution node m was drawn from (at its parent's context)."""
+
+    tokens: jax.Array  # int32[R, M]
+    parents: jax.Array  # int32[R, M]
+    depths: jax.Array  # int32[R, M]
+    logq: jax.Array  # float32[R, M, V]
+    state: Any
+
+
+@struct.dataclass
+class TokenHistory:
+    """Token ids `[R, S]` with per-row `lengths`: a drafter state that mirrors `models.KVCache`'s row
+    operations (rollback by lengths, windows, gathers), for drafters that read the sequence itself."""
+
+    tokens: jax.Array
+    lengths: jax.Array
+
+    @property
+    def batch_size(self) -> int:
+        return self.tokens.shape[0]
+
+    @property
+    def max_len(self) -> int:
+        return self.tokens.shape[1]
+
+    def write(self, new, count) -> "TokenHistory":
+        """Append the first `count[r]` of `new [R, T]` to each row (writes past max_len are dropped)."""
+        R, T = new.shape
+        cols = self.lengths[:, None] + jnp.arange(T, dtype=jnp.int32)[None, :]
+        cols = jnp.where(jnp.arange(T)[None, :] < count[:, None], cols, self.max_len)
+        tokens = self.tokens.at[jnp.arange(R)[:, None], cols].set(new, mode="drop")
+        return TokenHistory(tokens=tokens, lengths=self.lengths + count)
+
+    def gather(self, index) -> "TokenHistory":
+        index = jnp.asarray(index, jnp.int32)
+        return TokenHistory(tokens=jnp.take(self.tokens, index, axis=0), lengths=jnp.take(self.lengths, index))
+
+    def copy_window(self, src, start, width: int) -> "TokenHistory":
+        src = jnp.asarray(src, jnp.int32)
+        pos = jnp.asarray(start, jnp.int32)[:, None] + jnp.arange(width, dtype=jnp.int32)[None, :]
+        rows = jnp.arange(self.batch_size)[:, None]
+        moved = self.tokens[src[:, None], jnp.minimum(pos, self.max_len - 1)]
+        return self.replace(tokens=self.tokens.at[rows, pos].set(moved, mode="drop"))
+
+    def set_lengths(self, lengths) -> "TokenHistory":
+        return self.replace(lengths=jnp.broadcast_to(jnp.asarray(lengths, jnp.int32), self.lengths.shape))
+
+    def repeat(self, n: int) -> "TokenHistory":
+        return self.gather(jnp.repeat(jnp.arange(self.batch_size), n))
+
+
+class Drafter:
+    """Base class of every drafter kind (subclasses are frozen dataclasses; see the module docstring).
+
+    Class attributes a kind sets: `kind` (its name in `smcsd.available_drafters`), `hidden_layers` (target
+    layers whose hidden states `init`/`observe` receive; empty: none are computed), `full_support` (every
+    proposal gives every token positive probability, so `smc` stays consistent).
+    """
+
+    kind: str = "drafter"
+    hidden_layers: tuple[int, ...] = ()
+    full_support: bool = True
+
+    # ------------------------------------------------------------------ host side
+    def drafter_params(self):
+        """The pytree the decode program receives as the drafter's params (None: no params)."""
+        return None
+
+    def bind(self, target) -> "Drafter":
+        """Check this drafter against the target (`models.LanguageModel`) and return the drafter to run with it
+        (e.g. with the target's vocabulary filled in). Raises ValueError naming the mismatch."""
+        return self
+
+    @property
+    def vocab_size(self) -> int | None:
+        return None
+
+    @property
+    def max_len(self) -> int | None:
+        """Longest sequence the drafter can hold (None: unbounded)."""
+        return None
+
+    @property
+    def config(self):
+        """The drafter's model config where it has one (mesh sharding of its params), else None."""
+        return None
+
+    @property
+    def dtype(self) -> str | None:
+        return None
+
+    def describe(self) -> str:
+        return self.kind
+
+    def calls_per_proposal(self, num_tokens: int) -> int:
+        """Batched drafter forward calls per `propose` of `num_tokens` (stats.num_draft_calls)."""
+        return num_tokens
+
+    # ------------------------------------------------------------------ traced
+    def init(self, params, prompt, prompt_len, cache_len: int, rows_per_prompt: int, target_hidden=None):
+        """State from the prefilled context: `prompt [B, Tp]` right-padded with `prompt_len [B]`, fanned out to
+        `rows_per_prompt` rows per request; `target_hidden [B, Tp, H]` if `hidden_layers` (the prompt's)."""
+        raise NotImplementedError
+
+    def propose(self, params, state, feed, feed_count, key, sampling, num_tokens: int) -> Proposal:
+        raise NotImplementedError
+
+    def observe(self, params, state, tokens, target_hidden, start, num_valid):
+        """After verification: `tokens [R, T]` were verified at target positions `start[r]..start[r]+T-1` and the
+        first `num_valid[r]` of them are now committed context; `target_hidden [R, T, H]` (None unless
+        `hidden_layers`) are the target's hidden states there, from the verification call itself."""
+        del params, tokens, target_hidden, start, num_valid
+        return state
+
+    # ------------------------------------------------------------------ row operations on the state
+    def lengths(self, state):
+        return state.lengths
+
+    def set_lengths(self, state, lengths):
+        return state.set_lengths(lengths)
+
+    def copy_window(self, state, src, start, width: int):
+        return state.copy_window(src, start, width)
+
+    def gather(self, state, index):
+        return state.gather(index)
+
+
+def initial_feed(first_token):
+    """`(feed [R, 2], feed_count [R])` for rows whose drafter state holds exactly the prompt."""
+    R = first_token.shape[0]
+    feed = jnp.stack([first_token, jnp.zeros_like(first_token)], axis=1)
+    return feed, jnp.ones((R,), jnp.int32)
+
+
+def check_hidden_layers(layers: Sequence[int], num_layers: int, who: str) -> tuple[int, ...]:
+    layers = tuple(int(i) for i in layers)
+    bad = [i for i in layers if not 0 <= i < num_layers]
+    if bad:
+        raise ValueError(f"{who} asks for target hidden layers {bad}, but the target has {num_layers} layers "
+                         f"(valid: 0..{num_layers - 1})")
+    return layers
+
+
+def field_static(**kw):
+    """A dataclass field that is part of the drafter's identity (compile-cache key)."""
+    return dataclasses.field(**kw)
+
+
+def field_runtime(**kw):
+    """A dataclass field excluded from equality/hash (e.g. the model holding the params)."""
+    return dataclasses.field(compare=False, hash=False, repr=False, **kw)

@@ -1,0 +1,71 @@
+"""Pairs and their drafters: `smcsd.load(pair, drafter=None)` and `smcsd.available_drafters(pair)`.
+
+A pair is a target plus the drafters made for it. The targets come from `models.registry` (the shipped toys,
+the fetchable SmolLM2); the drafters are:
+- model drafters shipped in the package: `models/shipped/<pair>/draft/` is the pair's `ar` drafter and
+  `models/shipped/<pair>/drafters/<name>/` holds the others (`ar-distilled`, later `dflash`, `pard2`, ...), each a
+  checkpoint directory (config.json + model.safetensors, as `experiments/train_pair.py` and `smcsd.train` export);
+- parameter-free drafters that work with any target: `prompt-lookup`.
+Names say the kind: `ar`, `ar-distilled`, `prompt-lookup` (and later `dflash`, `dflash-dpace`, `pard2`, ...).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+
+from models.registry import FETCHABLE, available_models, load_pair as _load_target_pair, load_target
+from models.shipped import SHIPPED_DIR, load_model_dir
+
+from .drafters import PromptLookup
+
+# Model drafters, best first: `load(pair)` returns the first one the pair has.
+MODEL_DRAFTERS = ("ar-distilled", "ar")
+PARAM_FREE = {"prompt-lookup": PromptLookup}
+
+
+def _drafter_dir(pair: str, name: str) -> str | None:
+    path = os.path.join(SHIPPED_DIR, pair, "draft") if name == "ar" else os.path.join(SHIPPED_DIR, pair, "drafters", name)
+    return path if os.path.isfile(os.path.join(path, "config.json")) else None
+
+
+def _check_pair(pair) -> str:
+    if not isinstance(pair, str):
+        raise TypeError(f"pair must be a name (str), got {type(pair).__name__}")
+    if pair not in available_models():
+        raise ValueError(f"unknown model pair {pair!r}; available: {', '.join(available_models())}")
+    return pair
+
+
+def available_drafters(pair: str = "tiny-code") -> list[str]:
+    """Drafter names `load(pair, drafter=...)` accepts, the pair's best model drafter first."""
+    _check_pair(pair)
+    return [n for n in MODEL_DRAFTERS if _drafter_dir(pair, n)] + sorted(PARAM_FREE)
+
+
+def load(pair: str = "tiny-code", drafter: str | None = None, dtype: str | None = None):
+    """`(target, drafter)` of a pair. `drafter=None` gives the pair's best model drafter (None when it has none,
+    so `decode` runs `ar`); a name from `available_drafters(pair)` gives that one. Model drafters come back as
+    their `LanguageModel` (what `decode(draft=...)` wraps in `ARDrafter`), parameter-free ones as a `Drafter`.
+    `dtype` applies to fetched targets (and their drafters); shipped toys load in their stored dtype."""
+    _check_pair(pair)
+    target = load_target(pair, dtype) if pair in FETCHABLE else _load_target_pair(pair, dtype)[0]
+    names = available_drafters(pair)
+    if drafter is None:
+        drafter = next((n for n in MODEL_DRAFTERS if n in names), None)
+        if drafter is None:
+            return target, None
+    if drafter not in names:
+        raise ValueError(f"pair {pair!r} has no drafter {drafter!r}; available: {', '.join(names)}")
+    if drafter in PARAM_FREE:
+        return target, PARAM_FREE[drafter]()
+    if drafter == "ar" and pair not in FETCHABLE:
+        return target, _load_target_pair(pair)[1]
+    model = load_model_dir(_drafter_dir(pair, drafter), name=f"{pair}/{drafter}")
+    model = dataclasses.replace(model, tokenizer=target.tokenizer)  # one vocabulary: the target's tokenizer
+    if model.config.vocab_size != target.config.vocab_size:
+        raise ValueError(f"shipped drafter {pair}/{drafter} has vocab_size {model.config.vocab_size}, the target "
+                         f"{target.config.vocab_size}: the checkpoint does not belong to this pair")
+    if pair in FETCHABLE and model.config.dtype != target.config.dtype:
+        model = model.astype(target.config.dtype)
+    return target, model
