@@ -13,6 +13,8 @@
   `--resume` continues from the latest checkpoint and reproduces the uninterrupted run's losses.
 - Outputs: loss curves (train + held-out) as JSON and PNG under `--results-dir`, and the export
   `--out/<pair>/<role>/{config.json, model.safetensors, training.json}`.
+- The generic pieces (optimiser, orbax checkpoints, export, curves) are `smcsd.train.loop`'s; this script
+  keeps what is specific to the shipped pairs (their data, specs and the `--extend` schedule).
 """
 
 from __future__ import annotations
@@ -21,7 +23,6 @@ import argparse
 import dataclasses
 import functools
 import hashlib
-import json
 import math
 import os
 import shutil
@@ -37,6 +38,9 @@ import optax
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from models import ByteTokenizer, ModelConfig, forward_full, init_model  # noqa: E402
+from smcsd.train.loop import (checkpoint_manager, export_model, make_optimizer,  # noqa: E402
+                              restore_checkpoint, save_checkpoint)
+from smcsd.train.loop import save_curves as _save_curves  # noqa: E402
 
 TOK = ByteTokenizer()
 BOS, EOS, PAD = TOK.bos_id, TOK.eos_id, TOK.pad_id
@@ -212,15 +216,6 @@ def loss_fn(params, rows, config, teacher_config=None, teacher_params=None, dist
     return (1.0 - distill_weight) * ce_mean + distill_weight * kl_mean, ce_mean
 
 
-def make_optimizer(lr: float, steps: int, warmup: int, weight_decay: float = 0.1, clip: float = 1.0):
-    schedule = optax.warmup_cosine_decay_schedule(0.0, lr, max(1, min(warmup, steps - 1)), max(steps, 2),
-                                                  end_value=lr * 0.1)
-    decay_mask = lambda params: jax.tree_util.tree_map(lambda p: p.ndim >= 2, params)  # noqa: E731
-    return optax.chain(optax.clip_by_global_norm(clip),
-                       optax.adamw(schedule, b1=0.9, b2=0.95, eps=1e-8, weight_decay=weight_decay,
-                                   mask=decay_mask))
-
-
 def make_train_step(config, tx, teacher_config=None, distill_weight=0.0):
     def step(params, opt_state, rows, teacher_params=None):
         (loss, ce), grads = jax.value_and_grad(loss_fn, has_aux=True)(
@@ -258,63 +253,11 @@ def evaluate(config, params, rows, batch: int = 32) -> dict:
 
 
 # ----------------------------------------------------------------------------------------------
-# Checkpoints (orbax) and export (safetensors)
+# Checkpoints (orbax), export (safetensors) and curves: the generic pieces live in smcsd.train.loop
 # ----------------------------------------------------------------------------------------------
 
 def _manager(directory: str):
-    import orbax.checkpoint as ocp
-    return ocp.CheckpointManager(os.path.abspath(directory),
-                                 options=ocp.CheckpointManagerOptions(max_to_keep=2, create=True))
-
-
-def save_checkpoint(mngr, step: int, params, opt_state, meta: dict):
-    import orbax.checkpoint as ocp
-    state = {"params": params, "opt_state": opt_state, "step": jnp.asarray(step, jnp.int32)}
-    mngr.save(step, args=ocp.args.Composite(state=ocp.args.StandardSave(state), meta=ocp.args.JsonSave(meta)),
-              force=True)
-    mngr.wait_until_finished()
-
-
-def restore_checkpoint(mngr, params, opt_state):
-    import orbax.checkpoint as ocp
-    step = mngr.latest_step()
-    abstract = {"params": params, "opt_state": opt_state, "step": jnp.asarray(0, jnp.int32)}
-    abstract = jax.tree_util.tree_map(ocp.utils.to_shape_dtype_struct, abstract)
-    out = mngr.restore(step, args=ocp.args.Composite(state=ocp.args.StandardRestore(abstract),
-                                                     meta=ocp.args.JsonRestore()))
-    return out["state"]["params"], out["state"]["opt_state"], int(out["state"]["step"]), out["meta"]
-
-
-def flatten_params(params, sep: str = "/") -> dict[str, np.ndarray]:
-    flat = {}
-
-    def walk(prefix, node):
-        if isinstance(node, dict) or hasattr(node, "items"):
-            for k, v in node.items():
-                walk(f"{prefix}{sep}{k}" if prefix else str(k), v)
-        else:
-            flat[prefix] = np.asarray(node)
-    walk("", params)
-    return flat
-
-
-def export_model(config: ModelConfig, params, directory: str, dtype: str = "float32", info: dict | None = None):
-    """Write `config.json`, `model.safetensors` (flattened "/"-joined names) and `training.json`."""
-    from safetensors.numpy import save_file
-    os.makedirs(directory, exist_ok=True)
-    flat = flatten_params(params)
-    if dtype == "bfloat16":
-        import ml_dtypes
-        flat = {k: v.astype(ml_dtypes.bfloat16) for k, v in flat.items()}
-    else:
-        flat = {k: v.astype(np.float32) for k, v in flat.items()}
-    save_file(flat, os.path.join(directory, "model.safetensors"), metadata={"format": "smcsd-flax"})
-    os.chmod(os.path.join(directory, "model.safetensors"), 0o644)
-    with open(os.path.join(directory, "config.json"), "w") as f:
-        json.dump(config.to_dict(), f, indent=2)
-    if info is not None:
-        with open(os.path.join(directory, "training.json"), "w") as f:
-            json.dump(info, f, indent=2)
+    return checkpoint_manager(directory)
 
 
 def load_exported(directory: str):
@@ -324,38 +267,9 @@ def load_exported(directory: str):
     return m.config, m.params
 
 
-# ----------------------------------------------------------------------------------------------
-# Curves
-# ----------------------------------------------------------------------------------------------
-
 def save_curves(history: dict, path_prefix: str, title: str):
-    os.makedirs(os.path.dirname(path_prefix), exist_ok=True)
-    with open(path_prefix + ".json", "w") as f:
-        json.dump(history, f)
-    try:
-        import matplotlib
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:  # pragma: no cover
-        return
-    fig, ax = plt.subplots(figsize=(6, 4))
-    tr = np.asarray(history["train"], np.float64).reshape(-1, 2)
-    if len(tr):
-        w = max(1, len(tr) // 50)
-        smooth = np.convolve(tr[:, 1], np.ones(w) / w, mode="valid")
-        ax.plot(tr[:, 0], tr[:, 1], alpha=0.25, color="C0")
-        ax.plot(tr[w - 1:, 0], smooth, color="C0", label="train (CE, nats/token)")
-    ev = history["eval"]
-    if ev:
-        ax.plot([e["step"] for e in ev], [e["loss"] for e in ev], "o-", color="C1", label="held-out")
-    ax.set_xlabel("step")
-    ax.set_ylabel("loss (nats/token)")
-    ax.set_yscale("log")
-    ax.set_title(title)
-    ax.legend()
-    fig.tight_layout()
-    fig.savefig(path_prefix + ".png", dpi=100)
-    plt.close(fig)
+    """JSON + PNG of a role's history (train rows are [step, CE] or [step, CE, distill loss])."""
+    _save_curves(history, path_prefix, title, train_keys=("CE", "loss"), eval_keys=("loss",))
 
 
 # ----------------------------------------------------------------------------------------------

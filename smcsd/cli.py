@@ -392,6 +392,9 @@ def build_parser() -> argparse.ArgumentParser:
     f.add_argument("name", metavar="NAME", help=f"the model's name, e.g. {CHAT_MODEL}")
     f.set_defaults(func=cmd_fetch)
 
+    from .train import cli as train_cli
+    train_cli.add_parser(sub)  # smcsd train-drafter: distil a drafter for a target (smcsd/train)
+
     for name, script in EXPERIMENTS.items():
         what = ("speed of methods x particles x draft length x batch size: tokens/s, speed-up vs ar, "
                 "target calls per token, acceptance, ESS; JSON, markdown table, speed-vs-accuracy plot"

@@ -1,0 +1,28 @@
+"""Drafter training for any target: data from the target run teacher-forced, composable losses, one loop.
+
+    from smcsd.train import TextCorpus, distill_ar_drafter, draft_config_for
+    corpus = TextCorpus(files=["docs/"], tokenizer=target.tokenizer, seq_len=256, batch_size=8)
+    res = distill_ar_drafter(target, draft_config_for(target.config, hidden=128), corpus, steps=1000,
+                             out="drafter/", ckpt_dir="drafter-ckpt", cache_dir="teacher-cache")
+
+- `data`: `TextCorpus` (packed rows, step-deterministic batches, held-out split), `TeacherStream`
+  (tokens, target log-probs top-k or full, hidden states of chosen layers; optional float16 disk cache),
+  `check_vocab`.
+- `losses`: CE, forward KL (full / top-k), block-position weights (uniform, DFlash, D-PACE, PARD-2 CAT),
+  SpecBlock's valid-prefix mask, `weighted_mean`.
+- `loop`: `train` (AdamW, warmup + cosine, clipping, exact orbax resume, tqdm, JSON + PNG curves),
+  `export_model`, and the AR-drafter recipe `distill_ar_drafter`.
+- `cli`: the `train-drafter` subcommand (`add_parser`, `run`).
+"""
+
+from . import losses
+from .data import TeacherStream, TextCorpus, check_vocab, params_fingerprint, read_texts
+from .loop import (TrainResult, ar_distill_loss, checkpoint_manager, distill_ar_drafter, draft_config_for,
+                   export_model, flatten_params, make_optimizer, restore_checkpoint, save_checkpoint, save_curves,
+                   train)
+
+__all__ = [
+    "TeacherStream", "TextCorpus", "TrainResult", "ar_distill_loss", "check_vocab", "checkpoint_manager",
+    "distill_ar_drafter", "draft_config_for", "export_model", "flatten_params", "losses", "make_optimizer",
+    "params_fingerprint", "read_texts", "restore_checkpoint", "save_checkpoint", "save_curves", "train",
+]

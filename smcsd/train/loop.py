@@ -1,0 +1,463 @@
+"""One training loop for any params pytree and loss, its checkpoints and exports, and the AR-drafter recipe.
+
+- `train(loss_fn, params, batches, ...)`: optax AdamW (decoupled weight decay on matrices only) with
+  linear warmup + cosine decay to 10 % and global-norm clipping (`make_optimizer`); a jitted step
+  `value_and_grad(loss_fn)`; orbax checkpoints of (params, optimiser state, step) with the history and
+  the run's settings as JSON metadata. `batches` is a *function* step -> batch, so the batch of step s
+  is fixed and a run resumed from a checkpoint reproduces the uninterrupted run's losses and params
+  bitwise. Resuming with other settings, or starting over existing checkpoints without `resume` /
+  `overwrite`, is refused. A tqdm bar shows progress; the history goes to JSON and PNG (`save_curves`).
+- `export_model`: `config.json` + `model.safetensors` (+ `training.json`), the format
+  `models.shipped.load_model_dir` reads.
+- `distill_ar_drafter(target, draft, corpus, ...)`: an autoregressive drafter distilled from any target:
+  loss = w_ce · CE(gold) + w_kl · KL(p_T ‖ q) against a `TeacherStream` (top-k or full), held-out CE, KL
+  and acceptance, exported with the command, budget and wall time in `training.json`.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import math
+import os
+import shutil
+import sys
+import time
+from typing import Any, Callable, NamedTuple, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+from models import ModelConfig, forward_full, init_model
+
+from .data import TeacherStream, TextCorpus, check_vocab
+from .losses import cross_entropy, forward_kl, forward_kl_topk
+
+__all__ = [
+    "TrainResult", "checkpoint_manager", "distill_ar_drafter", "draft_config_for", "export_model",
+    "flatten_params", "make_optimizer", "restore_checkpoint", "save_checkpoint", "save_curves", "train",
+]
+
+
+# ----------------------------------------------------------------------------------------------- optimiser
+
+def make_optimizer(lr: float, steps: int, warmup: int, weight_decay: float = 0.1, clip: float = 1.0):
+    """Global-norm clipping, then AdamW (β = 0.9, 0.95) on a linear-warmup + cosine schedule ending at lr/10.
+
+    Weight decay applies to matrices only (ndim ≥ 2), not to norms' scales or biases.
+    """
+    schedule = optax.warmup_cosine_decay_schedule(0.0, lr, max(1, min(warmup, steps - 1)), max(steps, 2),
+                                                  end_value=lr * 0.1)
+    decay_mask = lambda params: jax.tree_util.tree_map(lambda p: p.ndim >= 2, params)  # noqa: E731
+    return optax.chain(optax.clip_by_global_norm(clip),
+                       optax.adamw(schedule, b1=0.9, b2=0.95, eps=1e-8, weight_decay=weight_decay,
+                                   mask=decay_mask))
+
+
+def _global_norm(tree):
+    return jnp.sqrt(sum(jnp.sum(jnp.square(x.astype(jnp.float32))) for x in jax.tree_util.tree_leaves(tree)))
+
+
+@functools.lru_cache(maxsize=8)
+def _compiled_step(loss_fn, lr, steps, warmup, weight_decay, clip):
+    """(optimizer, jitted step), cached so runs with the same loss and settings (a resume) share one compile."""
+    tx = make_optimizer(lr, steps, warmup, weight_decay, clip)
+
+    def step(params, opt_state, batch):
+        (loss, aux), grads = jax.value_and_grad(loss_fn, has_aux=True)(params, batch)
+        updates, opt_state = tx.update(grads, opt_state, params)
+        return optax.apply_updates(params, updates), opt_state, loss, aux, _global_norm(grads)
+    return tx, jax.jit(step, donate_argnums=(0, 1))
+
+
+# ----------------------------------------------------------------------------------------------- checkpoints
+
+def checkpoint_manager(directory: str, max_to_keep: int = 2):
+    """An orbax `CheckpointManager` in `directory` (created) keeping the last `max_to_keep` steps."""
+    import orbax.checkpoint as ocp
+    return ocp.CheckpointManager(os.path.abspath(directory),
+                                 options=ocp.CheckpointManagerOptions(max_to_keep=max_to_keep, create=True))
+
+
+def save_checkpoint(mngr, step: int, params, opt_state, meta: dict) -> None:
+    """Save (params, opt_state, step) and the JSON `meta` as checkpoint `step`; waits until it is on disk."""
+    import orbax.checkpoint as ocp
+    state = {"params": params, "opt_state": opt_state, "step": jnp.asarray(step, jnp.int32)}
+    mngr.save(step, args=ocp.args.Composite(state=ocp.args.StandardSave(state), meta=ocp.args.JsonSave(meta)),
+              force=True)
+    mngr.wait_until_finished()
+
+
+def restore_checkpoint(mngr, params, opt_state):
+    """(params, opt_state, step, meta) of the latest checkpoint; `params`/`opt_state` give the structure."""
+    import orbax.checkpoint as ocp
+    step = mngr.latest_step()
+    abstract = {"params": params, "opt_state": opt_state, "step": jnp.asarray(0, jnp.int32)}
+    abstract = jax.tree_util.tree_map(ocp.utils.to_shape_dtype_struct, abstract)
+    out = mngr.restore(step, args=ocp.args.Composite(state=ocp.args.StandardRestore(abstract),
+                                                     meta=ocp.args.JsonRestore()))
+    return out["state"]["params"], out["state"]["opt_state"], int(out["state"]["step"]), out["meta"]
+
+
+# ----------------------------------------------------------------------------------------------- export
+
+def flatten_params(params, sep: str = "/") -> dict[str, np.ndarray]:
+    """{"a/b/c": array} of a nested-dict params tree (the safetensors names `load_model_dir` expects)."""
+    flat = {}
+
+    def walk(prefix, node):
+        if isinstance(node, dict) or hasattr(node, "items"):
+            for k, v in node.items():
+                walk(f"{prefix}{sep}{k}" if prefix else str(k), v)
+        else:
+            flat[prefix] = np.asarray(node)
+    walk("", params)
+    return flat
+
+
+def export_model(config: ModelConfig, params, directory: str, dtype: str = "float32", info: dict | None = None):
+    """Write `config.json`, `model.safetensors` (flattened "/"-joined names) and `training.json` (`info`)."""
+    from safetensors.numpy import save_file
+    os.makedirs(directory, exist_ok=True)
+    flat = flatten_params(params)
+    if dtype == "bfloat16":
+        import ml_dtypes
+        flat = {k: v.astype(ml_dtypes.bfloat16) for k, v in flat.items()}
+    elif dtype == "float32":
+        flat = {k: v.astype(np.float32) for k, v in flat.items()}
+    else:
+        raise ValueError(f"export dtype must be 'float32' or 'bfloat16', got {dtype!r}")
+    save_file(flat, os.path.join(directory, "model.safetensors"), metadata={"format": "smcsd-flax"})
+    os.chmod(os.path.join(directory, "model.safetensors"), 0o644)
+    with open(os.path.join(directory, "config.json"), "w") as f:
+        json.dump(config.to_dict(), f, indent=2)
+    if info is not None:
+        with open(os.path.join(directory, "training.json"), "w") as f:
+            json.dump(info, f, indent=2)
+
+
+# ----------------------------------------------------------------------------------------------- curves
+
+def _rows_as_dicts(rows, names):
+    if rows and not isinstance(rows[0], dict):
+        names = list(names or ["loss"])
+        names += [f"v{i}" for i in range(len(names), max(len(r) for r in rows) - 1)]
+        return [{"step": r[0], **dict(zip(names, r[1:]))} for r in rows]
+    return list(rows)
+
+
+def save_curves(history: dict, path_prefix: str, title: str = "", *, train_keys: Sequence[str] | None = None,
+                eval_keys: Sequence[str] | None = None, ylabel: str = "nats/token") -> None:
+    """`path_prefix.json` (the history) and `path_prefix.png` (train curves, smoothed, and held-out points).
+
+    `history["train"]` rows are dicts `{"step", key: value, ...}` or lists `[step, v1, v2, ...]` whose
+    columns `train_keys` names; `train_keys` / `eval_keys` choose what to plot (default: every numeric
+    key but step, grad_norm and lr for training; every float key of the held-out entries). A metric
+    keeps its colour in both (train: line, held-out: dashed with markers); acceptance rates (keys
+    starting with "accept") go on a right-hand axis. The PNG is skipped when matplotlib is missing.
+    """
+    os.makedirs(os.path.dirname(os.path.abspath(path_prefix)), exist_ok=True)
+    with open(path_prefix + ".json", "w") as f:
+        json.dump(history, f)
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:  # pragma: no cover
+        return
+    train = _rows_as_dicts(history.get("train", []), train_keys)
+    evals = history.get("eval", [])
+    skip = {"step", "grad_norm", "lr"}
+    tkeys = list(train_keys) if train_keys else [k for k in (train[0] if train else {}) if k not in skip]
+    ekeys = list(eval_keys) if eval_keys else [k for k in (evals[0] if evals else {})
+                                               if k not in skip and isinstance(evals[0][k], float)]
+    colour = {k: f"C{i}" for i, k in enumerate(dict.fromkeys(tkeys + ekeys))}
+    fig, ax = plt.subplots(figsize=(6.5, 4))
+    ax2 = None
+    positive = True
+    for src, keys, held in ((train, tkeys, False), (evals, ekeys, True)):
+        for k in keys:
+            pts = np.asarray([(r["step"], r[k]) for r in src if k in r], np.float64).reshape(-1, 2)
+            if not len(pts):
+                continue
+            target_ax = ax
+            if k.startswith("accept"):
+                ax2 = ax2 or ax.twinx()
+                target_ax = ax2
+            else:
+                positive &= bool((pts[:, 1] > 0).all())
+            if held:
+                target_ax.plot(pts[:, 0], pts[:, 1], "o--", color=colour[k], label=f"held-out {k}")
+            else:
+                w = max(1, len(pts) // 50)
+                target_ax.plot(pts[:, 0], pts[:, 1], alpha=0.2, color=colour[k])
+                target_ax.plot(pts[w - 1:, 0], np.convolve(pts[:, 1], np.ones(w) / w, mode="valid"),
+                               color=colour[k], label=f"train {k}")
+    ax.set_xlabel("step")
+    ax.set_ylabel(ylabel)
+    if positive:
+        ax.set_yscale("log")
+    handles, labels = ax.get_legend_handles_labels()
+    if ax2 is not None:
+        ax2.set_ylabel("acceptance")
+        h2, l2 = ax2.get_legend_handles_labels()
+        handles, labels = handles + h2, labels + l2
+    ax.set_title(title)
+    if handles:
+        ax.legend(handles, labels, fontsize="small")
+    fig.tight_layout()
+    fig.savefig(path_prefix + ".png", dpi=100)
+    plt.close(fig)
+
+
+# ----------------------------------------------------------------------------------------------- train
+
+class TrainResult(NamedTuple):
+    """`params, history = train(...)`; `history` holds run, train, eval, step, finished, wall_s."""
+
+    params: Any
+    history: dict
+
+    @property
+    def step(self) -> int:
+        return self.history["step"]
+
+
+def _jsonable(obj):
+    return json.loads(json.dumps(obj, default=lambda o: o.tolist() if hasattr(o, "tolist") else str(o)))
+
+
+def _commit(tree):
+    """Commit single-device arrays to their device. Restored arrays come back committed and jit keys its cache on
+    that, so without this a resumed run would compile the step again (seconds to minutes)."""
+    def commit(x):
+        if isinstance(x, jax.Array) and len(x.sharding.device_set) == 1:
+            return jax.device_put(x, next(iter(x.sharding.device_set)))
+        return x
+    return jax.tree_util.tree_map(commit, tree)
+
+
+def _scalars(aux) -> dict[str, float]:
+    return {k: float(v) for k, v in (aux or {}).items() if np.ndim(v) == 0}
+
+
+def train(loss_fn: Callable, params, batches: Callable[[int], Any], *, steps: int, lr: float,
+          warmup: int | None = None, clip: float = 1.0, weight_decay: float = 0.1, ckpt_dir: str | None = None,
+          resume: bool = False, overwrite: bool = False, eval_fn: Callable | None = None, eval_every: int = 100,
+          ckpt_every: int = 100, progress: bool = True, stop_after: int | None = None,
+          curves_path: str | None = None, meta: dict | None = None, desc: str = "train",
+          command: str | None = None) -> TrainResult:
+    """Minimise `loss_fn(params, batch) -> (loss, aux_dict)` over `batches(step)` for `steps` steps.
+
+    warmup: linear-warmup steps (default min(100, steps // 10)); then cosine decay to lr/10. clip:
+    global gradient-norm bound. ckpt_dir: orbax checkpoints every `ckpt_every` steps and at the end
+    (None: no checkpoints). resume: continue from the latest checkpoint in `ckpt_dir`; its settings
+    (steps, lr, warmup, clip, weight_decay and `meta`) must equal these. overwrite: discard existing
+    checkpoints. eval_fn(params) -> {name: float}: run at step 0, every `eval_every` steps and at the end.
+    stop_after: stop (and checkpoint) after that many steps, as if interrupted. curves_path: write
+    `curves_path.json` / `.png`. meta: JSON-able settings recorded with (and checked on resume against)
+    the checkpoint, e.g. the model config and the data's fingerprint. Returns `TrainResult(params, history)`;
+    `history["train"]` holds {"step", "loss", aux..., "grad_norm"} per step.
+    """
+    from tqdm import tqdm
+    if not isinstance(steps, int) or steps < 1:
+        raise ValueError(f"steps must be a positive int, got {steps!r}")
+    warmup = max(1, min(100, steps // 10)) if warmup is None else int(warmup)
+    run = _jsonable({"steps": steps, "lr": lr, "warmup": warmup, "clip": clip, "weight_decay": weight_decay,
+                     **(meta or {})})
+    tx, step_fn = _compiled_step(loss_fn, float(lr), steps, warmup, float(weight_decay), float(clip))
+    params = jax.tree_util.tree_map(lambda x: jnp.array(x, copy=True), params)  # the step donates its inputs
+    opt_state = tx.init(params)
+    history = {"run": run, "train": [], "eval": [], "wall_s": 0.0}
+    start = 0
+
+    mngr = None
+    if resume and not ckpt_dir:
+        raise ValueError("resume=True needs ckpt_dir (where the checkpoints are)")
+    if ckpt_dir:
+        if os.path.isdir(ckpt_dir) and os.listdir(ckpt_dir) and not resume:
+            if not overwrite:
+                raise FileExistsError(f"checkpoints exist in {ckpt_dir}: pass resume to continue that run or "
+                                      "overwrite to discard them and restart")
+            shutil.rmtree(ckpt_dir)
+        mngr = checkpoint_manager(ckpt_dir)
+        if resume and mngr.latest_step() is not None:
+            params, opt_state, start, saved = restore_checkpoint(mngr, params, opt_state)
+            diff = {k: {"checkpoint": saved["run"].get(k), "now": run.get(k)}
+                    for k in sorted(set(run) | set(saved["run"])) if saved["run"].get(k) != run.get(k)}
+            if diff:
+                raise ValueError(f"cannot resume from {ckpt_dir}: the checkpoint was made with other settings "
+                                 f"{json.dumps(diff)}; use the same settings, or overwrite to restart")
+            history = saved
+            if progress:
+                print(f"[{desc}] resumed from step {start} of {steps}", file=sys.stderr, flush=True)
+    if command:
+        history.setdefault("commands", []).append({"command": command, "from_step": start})
+    params, opt_state = _commit((params, opt_state))
+
+    wall0, t0 = history.get("wall_s", 0.0), time.time()
+    step = start
+
+    def evaluate():
+        ev = {k: float(v) for k, v in eval_fn(params).items()}
+        history["eval"].append({"step": step, **ev})
+        return ev
+
+    if eval_fn is not None and start == 0:
+        evaluate()  # the starting point of the held-out curve
+    pbar = tqdm(total=steps, initial=start, desc=desc, disable=not progress, mininterval=1.0, dynamic_ncols=True)
+    try:
+        while step < steps:
+            batch = jax.tree_util.tree_map(jnp.asarray, batches(step))
+            params, opt_state, loss, aux, gnorm = step_fn(params, opt_state, batch)
+            step += 1
+            row = {"step": step, "loss": float(loss), **_scalars(aux), "grad_norm": float(gnorm)}
+            if not math.isfinite(row["loss"]):
+                raise FloatingPointError(f"[{desc}] loss is {row['loss']} at step {step}; lower lr or check the data")
+            history["train"].append(row)
+            pbar.update(1)
+            pbar.set_postfix({k: f"{v:.4f}" for k, v in row.items() if k not in ("step", "grad_norm")}, refresh=False)
+            done = step == steps or (stop_after is not None and step >= stop_after)
+            if eval_fn is not None and (step % eval_every == 0 or done):
+                ev = evaluate()
+                pbar.write(f"[{desc}] step {step}: " + "  ".join(f"{k} {v:.4f}" for k, v in ev.items())
+                           + f"  ({time.time() - t0:.0f}s)")
+            if mngr is not None and (step % ckpt_every == 0 or done):
+                history.update(step=step, finished=step == steps, wall_s=wall0 + time.time() - t0)
+                save_checkpoint(mngr, step, params, opt_state, history)
+            if done:
+                break
+    finally:
+        pbar.close()
+    history.update(step=step, finished=step == steps, wall_s=wall0 + time.time() - t0)
+    if curves_path:
+        save_curves(history, curves_path, f"{desc}: step {step}/{steps}")
+    return TrainResult(params, history)
+
+
+# ----------------------------------------------------------------------------------------------- AR drafter
+
+def draft_config_for(target: ModelConfig, *, hidden: int | None = None, layers: int = 2, heads: int | None = None,
+                     kv_heads: int | None = None, intermediate: int | None = None, **overrides) -> ModelConfig:
+    """A small drafter config sharing the target's vocabulary, special tokens, RoPE and context length.
+
+    Defaults: hidden = half the target's (a multiple of 64, at least 64), 2 layers, hidden/64 heads
+    (plain MHA), intermediate ≈ 8/3 · hidden (a multiple of 32), float32. `overrides` are any other
+    `ModelConfig` fields.
+    """
+    hidden = hidden or max(64, (target.hidden_size // 2) // 64 * 64)
+    heads = heads or max(1, hidden // 64)
+    fields = dict(vocab_size=target.vocab_size, hidden_size=hidden,
+                  intermediate_size=intermediate or max(32, (8 * hidden // 3 + 31) // 32 * 32),
+                  num_hidden_layers=layers, num_attention_heads=heads, num_key_value_heads=kv_heads or heads,
+                  max_position_embeddings=target.max_position_embeddings, rope_theta=target.rope_theta,
+                  rope_scaling=target.rope_scaling, rms_norm_eps=target.rms_norm_eps,
+                  tie_word_embeddings=target.tie_word_embeddings, bos_token_id=target.bos_token_id,
+                  eos_token_id=target.eos_token_id, pad_token_id=target.pad_token_id, dtype="float32")
+    fields.update(overrides)
+    return ModelConfig(**fields)
+
+
+@functools.lru_cache(maxsize=16)
+def ar_distill_loss(config: ModelConfig, ce_weight: float, kl_weight: float) -> Callable:
+    """loss_fn(params, batch) = w_ce · CE(gold next tokens) + w_kl · KL(p_T ‖ q) over a `TeacherStream` batch.
+
+    KL uses the batch's full `logp` when present, else its renormalised top-k (`forward_kl_topk`).
+    Positions holding the config's pad token are masked. Cached per settings so a resumed run reuses
+    the compiled step.
+    """
+    pad = config.pad_token_id
+
+    def loss_fn(params, batch):
+        tokens = batch["tokens"]
+        logits = forward_full(config, params, tokens)
+        valid = jnp.ones(tokens.shape, jnp.float32) if pad is None else (tokens != pad).astype(jnp.float32)
+        ce = cross_entropy(logits[:, :-1], tokens[:, 1:], valid[:, :-1] * valid[:, 1:])
+        if "logp" in batch:
+            kl = forward_kl(batch["logp"], logits, valid)
+        else:
+            kl = forward_kl_topk(batch["topk_ids"], batch["topk_logp"], logits, valid)
+        return ce_weight * ce + kl_weight * kl, {"ce": ce, "kl": kl}
+    return loss_fn
+
+
+@functools.lru_cache(maxsize=16)
+def _ar_eval_program(config: ModelConfig, ce_weight: float, kl_weight: float):
+    """jit(params, batch) -> (ce, kl, acceptance) batch means; acceptance = Σ_x min(p_T, q) (or its top-k bound)."""
+    loss_fn = ar_distill_loss(config, ce_weight, kl_weight)
+
+    def ev(params, batch):
+        _, aux = loss_fn(params, batch)
+        q = jax.nn.softmax(forward_full(config, params, batch["tokens"]), -1)
+        if "logp" in batch:
+            acc = jnp.minimum(jnp.exp(batch["logp"]), q).sum(-1)
+        else:
+            acc = jnp.minimum(jnp.exp(batch["topk_logp"]), jnp.take_along_axis(q, batch["topk_ids"], -1)).sum(-1)
+        return aux["ce"], aux["kl"], acc.mean()
+    return jax.jit(ev)
+
+
+def distill_ar_drafter(target, draft, corpus: TextCorpus | TeacherStream, *, steps: int, lr: float = 3e-3,
+                       warmup: int | None = None, clip: float = 1.0, weight_decay: float = 0.1,
+                       ce_weight: float = 0.5, kl_weight: float = 0.5, topk: int | None = 32, seed: int = 0,
+                       cache_dir: str | None = None, ckpt_dir: str | None = None, resume: bool = False,
+                       overwrite: bool = False, out: str | None = None, export_dtype: str = "float32",
+                       eval_every: int = 100, ckpt_every: int = 100, eval_rows: int | None = 64,
+                       progress: bool = True, stop_after: int | None = None, curves_path: str | None = None,
+                       command: str | None = None) -> TrainResult:
+    """Distil an autoregressive drafter from `target` on `corpus`: loss = w_ce · CE(gold) + w_kl · KL(p_T ‖ q).
+
+    target: a `LanguageModel`. draft: a `ModelConfig` (initialised from `seed`) or a `LanguageModel`
+    (warm start from its params). corpus: a `TextCorpus` (the teacher then runs with `topk` / `cache_dir`)
+    or a ready `TeacherStream`. Held-out metrics every `eval_every` steps on the first `eval_rows`
+    held-out rows: ce, kl and `accept` = E[Σ_x min(p_T, q)], the speculative-sampling acceptance rate at
+    temperature 1 (with top-k targets `accept_lb`, a lower bound: only the top-k terms of the sum).
+    out: export directory (`export_model`), written once the run finishes, with `training.json` holding
+    the settings, corpus, final metrics, wall time, token budget and `command`.
+    """
+    draft_config = draft if isinstance(draft, ModelConfig) else draft.config
+    check_vocab(target, draft_config)
+    stream = corpus if isinstance(corpus, TeacherStream) else TeacherStream(target, corpus, topk=topk,
+                                                                           cache_dir=cache_dir)
+    corpus = stream.corpus
+    if corpus.seq_len > draft_config.max_position_embeddings:
+        raise ValueError(f"seq_len {corpus.seq_len} exceeds the drafter's max_position_embeddings "
+                         f"{draft_config.max_position_embeddings}")
+    params = init_model(draft_config, seed=seed).params if isinstance(draft, ModelConfig) else draft.params
+    loss_fn = ar_distill_loss(draft_config, float(ce_weight), float(kl_weight))
+    ev_prog = _ar_eval_program(draft_config, float(ce_weight), float(kl_weight))
+    acc_key = "accept" if stream.topk is None else "accept_lb"
+
+    def eval_fn(p):
+        sums, n = np.zeros(3), 0
+        for b in stream.eval_batches(eval_rows):
+            m = len(b["tokens"])
+            sums += m * np.asarray([float(x) for x in ev_prog(p, jax.tree_util.tree_map(jnp.asarray, b))])
+            n += m
+        return dict(zip(("ce", "kl", acc_key), (sums / max(n, 1)).tolist()))
+
+    meta = {"recipe": "distill_ar_drafter", "draft_config": draft_config.to_dict(),
+            "target_config": stream.config.to_dict(), "target_params": stream.params_fingerprint,
+            "corpus": corpus.fingerprint, "batch_size": corpus.batch_size, "seq_len": corpus.seq_len,
+            "data_seed": corpus.seed, "topk": stream.topk, "ce_weight": ce_weight, "kl_weight": kl_weight,
+            "init_seed": seed if isinstance(draft, ModelConfig) else "warm-start"}
+    name = getattr(target, "name", "target")
+    res = train(loss_fn, params, stream.batch, steps=steps, lr=lr, warmup=warmup, clip=clip,
+                weight_decay=weight_decay, ckpt_dir=ckpt_dir, resume=resume, overwrite=overwrite,
+                eval_fn=eval_fn if len(corpus.heldout_rows) else None, eval_every=eval_every,
+                ckpt_every=ckpt_every, progress=progress, stop_after=stop_after, curves_path=curves_path,
+                meta=meta, desc=f"distill {name}", command=command)
+    h = res.history
+    if out and h["finished"]:
+        info = {"recipe": "distill_ar_drafter", "target": {"name": name, "params_fingerprint": stream.params_fingerprint},
+                "run": h["run"], "final_eval": h["eval"][-1] if h["eval"] else None,
+                "train_wall_s": round(h["wall_s"], 1),
+                "budget": {"steps": steps, "tokens_seen": steps * corpus.batch_size * corpus.seq_len,
+                           "backend": jax.default_backend(), "device": str(jax.devices()[0].device_kind)},
+                "num_params": int(sum(np.size(x) for x in jax.tree_util.tree_leaves(res.params))),
+                "stored_dtype": export_dtype, "corpus": corpus.describe(),
+                "commands": h.get("commands", [])}
+        export_model(draft_config, res.params, out, export_dtype, info)
+    return res
