@@ -31,8 +31,8 @@ from typing import Any, Mapping
 import jax.numpy as jnp
 import numpy as np
 
+from .checkpoint import NP_DTYPES, Slot, list_keys, param_shape, tensor_map, tree_set
 from .config import ModelConfig
-from .hf import _NP_DTYPES, _Slot, _list_keys, _param_shape, _set, _tensor_map
 from .lm import LanguageModel
 from .rope import inverse_frequencies
 from .tokenizer import HFTokenizer
@@ -194,8 +194,8 @@ def config_from_gguf(meta: Mapping[str, Any], dtype: str | None = None, where: s
     if arch not in SUPPORTED_ARCHITECTURES:
         raise ValueError(f"{where}: unsupported architecture {arch!r}; supported: {', '.join(SUPPORTED_ARCHITECTURES)}")
     dtype = "float32" if dtype is None else dtype
-    if dtype not in _NP_DTYPES:
-        raise ValueError(f"dtype must be one of {sorted(_NP_DTYPES)} (or None for float32), got {dtype!r}")
+    if dtype not in NP_DTYPES:
+        raise ValueError(f"dtype must be one of {sorted(NP_DTYPES)} (or None for float32), got {dtype!r}")
     for key in ("block_count", "embedding_length", "feed_forward_length", "attention.head_count"):
         if f"{arch}.{key}" not in meta:
             raise ValueError(f"{where}: missing required metadata key {arch}.{key!s}")
@@ -277,10 +277,10 @@ def _gguf_name(hf_name: str) -> str:
     return f"blk.{m[1]}.{_LAYER_NAMES[m[2]]}.{m[3]}"
 
 
-def gguf_tensor_map(config: ModelConfig, arch: str = "llama") -> dict[str, _Slot]:
+def gguf_tensor_map(config: ModelConfig, arch: str = "llama") -> dict[str, Slot]:
     """Every tensor a GGUF file of family `arch` and `config` holds: GGUF name -> our param slot
     (the slot's shape is the numpy / HF `[out, in]` shape)."""
-    return {_gguf_name(k): slot for k, slot in _tensor_map(config, arch).items()}
+    return {_gguf_name(k): slot for k, slot in tensor_map(config, arch).items()}
 
 
 def _rope_row_order(n_rows: int, n_heads: int) -> np.ndarray:
@@ -322,14 +322,14 @@ def _check_types(tensors, path: str) -> None:
                              "with llama.cpp's llama-quantize, to one of them)")
 
 
-def _check_tensors(expected: Mapping[str, _Slot], found: Mapping[str, Any], path: str) -> None:
+def _check_tensors(expected: Mapping[str, Slot], found: Mapping[str, Any], path: str) -> None:
     """Missing, unexpected or misshapen tensors -> ValueError naming the tensor."""
     missing = set(expected) - set(found)
     if missing:
-        raise ValueError(f"GGUF file {path} is missing tensor(s) {_list_keys(missing)} required by its metadata")
+        raise ValueError(f"GGUF file {path} is missing tensor(s) {list_keys(missing)} required by its metadata")
     unexpected = set(found) - set(expected)
     if unexpected:
-        raise ValueError(f"GGUF file {path} has unexpected tensor(s) {_list_keys(unexpected)} that a model "
+        raise ValueError(f"GGUF file {path} has unexpected tensor(s) {list_keys(unexpected)} that a model "
                          "of its architecture and metadata does not use")
     for name, slot in expected.items():
         shape = _numpy_shape(found[name])
@@ -353,7 +353,7 @@ def _dequantize_rows(tensor):
         yield a, chunk.reshape(-1, cols)
 
 
-def _fill(dest: np.ndarray, tensor, slot: _Slot, row_order: np.ndarray | None) -> None:
+def _fill(dest: np.ndarray, tensor, slot: Slot, row_order: np.ndarray | None) -> None:
     """Dequantize `tensor` into `dest` (this layer's view), undoing llama.cpp's row permutation and
     transposing HF's [out, in] into a Flax [in, out] kernel when the slot says so."""
     if len(_numpy_shape(tensor)) == 1:  # norms and biases: one "row" whose elements may be permuted
@@ -413,12 +413,12 @@ def from_gguf(path, dtype: str | None = None, *, tokenizer: bool = True, name: s
     orders = _row_orders(config, arch, expected)
 
     # 2. Preallocate one stacked array per param; dequantize tensor by tensor into it.
-    np_dtype = _NP_DTYPES[config.dtype]
+    np_dtype = NP_DTYPES[config.dtype]
     L = config.num_hidden_layers
     buffers: dict[tuple, np.ndarray] = {}
     for slot in expected.values():
         if slot.path is not None and slot.path not in buffers:
-            buffers[slot.path] = np.empty(_param_shape(slot, L), np_dtype)
+            buffers[slot.path] = np.empty(param_shape(slot, L), np_dtype)
     for tname, slot in expected.items():
         if slot.zero_only:
             _check_zero(found[tname], path)
@@ -429,7 +429,7 @@ def from_gguf(path, dtype: str | None = None, *, tokenizer: bool = True, name: s
     # 3. Hand each buffer to JAX and drop the host copy as we go.
     params: dict = {}
     for p in list(buffers):
-        _set(params, p, jnp.asarray(buffers.pop(p)))
+        tree_set(params, p, jnp.asarray(buffers.pop(p)))
     del reader, found
 
     tok = tokenizer_from_gguf(meta, name=path) if tokenizer else None  # its size is the config's vocab_size

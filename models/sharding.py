@@ -1,5 +1,7 @@
-"""Layouts over a `("data", "model")` device mesh: tensor-parallel weights, data-parallel KV caches,
-and a loader that reads a checkpoint straight into the sharded layout.
+"""Layouts over a `("data", "model")` device mesh: tensor-parallel weights and data-parallel KV caches.
+Device placement only: this module imports nothing from models/ but `config`, so every other module
+may import it (`transformer`, `cache` and `lm` call its hooks). The loader that reads a checkpoint
+straight into this layout is `models.sharded_load.load_sharded` (also `models.load_sharded`).
 
 Weights (Megatron-style tensor parallelism, Shoeybi et al. 2019), sharded over the "model" axis:
 
@@ -37,11 +39,9 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import dataclasses
-import os
 from typing import Any, Callable
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
@@ -49,8 +49,8 @@ from .config import ModelConfig
 
 DATA, MODEL = "data", "model"
 
-__all__ = ["DATA", "MODEL", "Layout", "active_layout", "cache_spec", "constrain_cache", "per_data_shard", "layout", "load_sharded",
-           "param_shardings", "param_specs", "put", "shard_params"]
+__all__ = ["DATA", "MODEL", "Layout", "active_layout", "axis_size", "cache_spec", "constrain_cache", "per_data_shard",
+           "layout", "param_specs", "put", "shard_params"]
 
 
 def axis_size(mesh: Mesh, name: str) -> int:
@@ -118,29 +118,13 @@ def param_specs(params, model_size: int, config: ModelConfig | None = None):
         lambda path, x: _spec_for(_path_names(path), tuple(x.shape), model_size, config), params)
 
 
-def _abstract_params(config: ModelConfig):
-    from .transformer import Transformer
-
-    module = Transformer(config)
-    tokens = jnp.zeros((1, 1), jnp.int32)
-    return jax.eval_shape(module.init, jax.random.PRNGKey(0), tokens, tokens)["params"]
-
-
-def param_shardings(config: ModelConfig, mesh: Mesh):
-    """A pytree of `NamedSharding` matching the params of a model with `config` (no params built)."""
-    specs = param_specs(_abstract_params(config), axis_size(mesh, MODEL), config)
-    return jax.tree_util.tree_map(lambda s: NamedSharding(mesh, s), specs,
-                                  is_leaf=lambda s: isinstance(s, P))
-
-
 def shard_params(params, mesh: Mesh, config: ModelConfig | None = None):
     """`params` placed on `mesh` in the tensor-parallel layout (a no-op for arrays already there).
 
-    Pass `config` for head-aware rules (recommended); `params` may also be a `LanguageModel`, whose
-    config is then used and a copy with placed params is returned."""
-    from .lm import LanguageModel
-
-    if isinstance(params, LanguageModel):
+    Pass `config` for head-aware rules (recommended); `params` may also be a `LanguageModel` (any
+    dataclass with `params` and `config`), whose config is then used and a copy with placed params
+    is returned."""
+    if dataclasses.is_dataclass(params) and hasattr(params, "params") and hasattr(params, "config"):
         return dataclasses.replace(params, params=shard_params(params.params, mesh, params.config))
     specs = param_specs(params, axis_size(mesh, MODEL), config)
     shardings = jax.tree_util.tree_map(lambda s: NamedSharding(mesh, s), specs, is_leaf=lambda s: isinstance(s, P))
@@ -259,92 +243,3 @@ def _shard_map(fn, mesh, in_specs, out_specs):
     from jax.experimental.shard_map import shard_map  # jax < 0.7
 
     return shard_map(fn, mesh=mesh, in_specs=in_specs, out_specs=out_specs)
-
-
-# --------------------------------------------------------------------------------------- loading
-
-def load_sharded(path: str, mesh: Mesh, dtype: str | None = None, *, tokenizer: bool = True,
-                 name: str | None = None):
-    """Load a local Hugging Face checkpoint (as `models.from_pretrained` reads it) straight into the
-    tensor-parallel layout on `mesh`: every param is built with `jax.make_array_from_callback`, whose
-    callback reads only the block one device holds (`safe_open(...).get_slice`), so neither the host
-    nor any device ever materialises a whole sharded tensor. Replicated params (norms, undividable
-    dims) are read once per distinct block. Multi-host: each process reads only its devices' blocks.
-
-    Reuses the reading helpers of `models/hf.py` (config parsing, the HF-name -> param-slot map,
-    shard discovery, tokenizer) so both loaders accept exactly the same checkpoints.
-    """
-    from safetensors import safe_open
-
-    from . import hf
-    from .lm import LanguageModel
-
-    path = os.fspath(path)
-    config, arch, expected, found, files = _scan_checkpoint(hf, path, dtype)
-    np_dtype = hf._NP_DTYPES[config.dtype]
-    L = config.num_hidden_layers
-    specs = param_specs(_abstract_params(config), axis_size(mesh, MODEL), config)
-
-    # param path -> its slots: one (unstacked) or L (stacked, indexed by layer)
-    slots: dict[tuple, dict] = {}
-    for key, slot in expected.items():
-        if slot.path is None:
-            continue
-        slots.setdefault(slot.path, {})[slot.layer] = (key, slot)
-
-    with contextlib.ExitStack() as stack:
-        handles = {fname: stack.enter_context(safe_open(os.path.join(path, fname), framework="numpy"))
-                   for fname in files}
-        # o_proj biases the attention doesn't have must be zero (same rule as from_pretrained).
-        for key, slot in expected.items():
-            if slot.zero_only and np.any(handles[found[key]].get_tensor(key).astype(np.float32) != 0):
-                raise ValueError(f"tensor {key!r} is a non-zero o_proj bias, which smcsd's attention does not "
-                                 "have (only q/k/v bias is supported)")
-
-        def read(key, slot, idx):
-            """Block `idx` (slices of our param layout, without the layer dim) of HF tensor `key`."""
-            sl = handles[found[key]].get_slice(key)
-            if slot.transpose:  # ours [in, out] = HF [out, in].T
-                return np.asarray(sl[idx[1], idx[0]]).T
-            return np.asarray(sl[idx] if len(idx) > 1 else sl[idx[0]])
-
-        def build(ppath, by_layer):
-            first = next(iter(by_layer.values()))[1]
-            shape = hf._param_shape(first, L)
-            spec = _get(specs, ppath)
-            memo: dict = {}
-
-            def callback(index):
-                index = tuple(slice(*s.indices(n)) for s, n in zip(index, shape))
-                k = tuple((s.start, s.stop) for s in index)
-                if k not in memo:
-                    if first.layer is None:
-                        block = read(by_layer[None][0], first, index)
-                    else:
-                        layers = range(L)[index[0]]
-                        block = np.stack([read(*by_layer[i], index[1:]) for i in layers])
-                    memo[k] = np.ascontiguousarray(block.astype(np_dtype, copy=False))
-                return memo[k]
-
-            return jax.make_array_from_callback(shape, NamedSharding(mesh, spec), callback)
-
-        params: dict = {}
-        for ppath, by_layer in slots.items():
-            hf._set(params, ppath, build(ppath, by_layer))
-
-    tok = hf._load_tokenizer(path, config) if tokenizer else None
-    return LanguageModel(config=config, params=params, tokenizer=tok,
-                         name=name or os.path.basename(os.path.normpath(path)))
-
-
-def _get(tree, path):
-    for k in path:
-        tree = tree[k]
-    return tree
-
-
-def _scan_checkpoint(hf, path: str, dtype):
-    """`models.hf.scan_checkpoint` (headers only, checked like `from_pretrained`), with `found` mapping
-    each tensor to its file."""
-    config, arch, expected, found, files = hf.scan_checkpoint(path, dtype)
-    return config, arch, expected, {k: fname for k, (fname, _) in found.items()}, files

@@ -6,7 +6,7 @@ weights tensor-parallel over "model" (layouts in `models/sharding.py`).
 
 The whole decode stays one jitted program: `decode` places the params and inputs on the mesh
 (`jax.device_put` with `NamedSharding`s; a no-op for params already there, e.g. from
-`models.sharding.load_sharded`), the program is compiled with those `in_shardings`, and while it is
+`models.load_sharded`), the program is compiled with those `in_shardings`, and while it is
 traced the KV caches are constrained to rows-over-data / KV-heads-over-model, so GSPMD inserts the
 collectives (all-reduces after o_proj/down_proj, a gather of vocab-sharded logits for the sampler).
 

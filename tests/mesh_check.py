@@ -4,7 +4,7 @@ set before jax is imported, and the pytest process has already imported jax with
 For each method and mesh: decode once unsharded and once on the mesh with the same seed, compare
 tokens and stats, check the params' shardings in the compiled program's inputs, and record the KV
 caches' shardings as the partitioner decided them (`smcsd.mesh.record_cache_shardings`). Also checks
-`models.sharding.load_sharded` and the argument errors. Prints one JSON object (and writes --out).
+`models.load_sharded` and the argument errors. Prints one JSON object (and writes --out).
 
     python tests/mesh_check.py --methods ar,sd,sd-multi,smc --meshes 8x1,4x2,2x4,1x8 --out res.json
 """
@@ -34,8 +34,8 @@ import numpy as np  # noqa: E402
 from jax.sharding import NamedSharding  # noqa: E402
 
 import smcsd  # noqa: E402
-from models import ModelConfig, init_model, save_pretrained  # noqa: E402
-from models.sharding import cache_spec, load_sharded, param_specs, shard_params  # noqa: E402
+from models import ModelConfig, init_model, load_sharded, save_pretrained  # noqa: E402
+from models.sharding import cache_spec, param_specs, shard_params  # noqa: E402
 from smcsd import engine  # noqa: E402
 from smcsd.mesh import record_cache_shardings  # noqa: E402
 

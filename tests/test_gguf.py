@@ -17,7 +17,8 @@ from tokenizers import AddedToken, Tokenizer, decoders, models as tok_models, pr
 
 import models.gguf as mg
 from models import LanguageModel, ModelConfig, from_gguf, from_pretrained
-from models.hf import _bytes_to_unicode, _get, _param_shape, _set, _tensor_map
+from models.checkpoint import param_shape, tensor_map, tree_get, tree_set
+from models.hf import _bytes_to_unicode
 from models.rope import inverse_frequencies
 
 FIXTURES = os.path.join(os.path.dirname(__file__), "fixtures", "smollm2")
@@ -122,12 +123,12 @@ def gguf_tensors(model, arch: str = "llama") -> dict[str, np.ndarray]:
     q/k rows (weights and biases) permuted; an o_proj bias our model lacks is written as zeros."""
     c = model.config
     out = {}
-    for hf_name, slot in _tensor_map(c, arch).items():
+    for hf_name, slot in tensor_map(c, arch).items():
         name = llama_cpp_name(hf_name)
         if slot.zero_only:
             out[name] = np.zeros(slot.shape, np.float32)
             continue
-        w = np.asarray(_get(model.params, slot.path), np.float32)
+        w = np.asarray(tree_get(model.params, slot.path), np.float32)
         w = w[slot.layer] if slot.layer is not None else w
         w = w.T if slot.transpose else w
         if arch == "llama" and ".attn_q." in name:
@@ -143,10 +144,10 @@ def random_model(config: ModelConfig, seed: int, arch: str = "llama") -> Languag
     Params are laid out by the HF tensor map, as from_pretrained builds them (no jit: init_model compiles)."""
     rng = np.random.default_rng(seed)
     params: dict = {}
-    for slot in _tensor_map(config, arch).values():
+    for slot in tensor_map(config, arch).values():
         if slot.path is not None:
-            shape = _param_shape(slot, config.num_hidden_layers)
-            _set(params, slot.path, jnp.asarray(rng.standard_normal(shape) * 0.5, jnp.float32))
+            shape = param_shape(slot, config.num_hidden_layers)
+            tree_set(params, slot.path, jnp.asarray(rng.standard_normal(shape) * 0.5, jnp.float32))
     return LanguageModel(config=config, params=params, name="random")
 
 
@@ -240,13 +241,13 @@ def test_quantized_model_equals_package_dequantization(tiny, tmp_path, monkeypat
     loaded = from_gguf(path, tokenizer=False)
     c = model.config
     assert loaded.tokenizer is None and loaded.config == c
-    for hf_name, slot in _tensor_map(c, "llama").items():
+    for hf_name, slot in tensor_map(c, "llama").items():
         name = llama_cpp_name(hf_name)
         w, qt = tensors[name], qtypes.get(name, Q.F32)
         ref = quants.dequantize(quants.quantize(w, qt), qt).reshape(w.shape)
         if name.endswith(("attn_q.weight", "attn_k.weight")):
             ref = _unpermute(ref, c.num_attention_heads if "attn_q" in name else c.num_key_value_heads)
-        got = np.asarray(_get(loaded.params, slot.path))
+        got = np.asarray(tree_get(loaded.params, slot.path))
         got = got[slot.layer] if slot.layer is not None else got
         np.testing.assert_array_equal(got.T if slot.transpose else got, ref, err_msg=name)
     bf16 = from_gguf(path, "bfloat16", tokenizer=False)
