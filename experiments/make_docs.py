@@ -41,6 +41,9 @@ SWEEP_COLUMNS = ["label", "accuracy", "n", "tokens_per_s", "speedup_vs_ar", "tar
 OTHER_RESULTS = [
     ("bench_real.json", "SmolLM2-135M-Instruct: ar against the weights-only ceiling and transformers",
      "experiments/bench_real.py --peer-python PYTHON_WITH_TRANSFORMERS", None),
+    ("bench_lookup.json", "SmolLM2-135M-Instruct: prompt lookup (sd + PromptLookup) on copy-heavy prompts, and "
+     "transformers' prompt lookup on the same weights", "experiments/bench_lookup.py --repeats 2 --peer-python "
+     "PYTHON_WITH_TRANSFORMERS", None),
     ("bench_sampling.json", "Logits to a token at V = 49152: per-row cost, this sampler vs the sorting one",
      "experiments/bench_sampling.py --baseline OLD_SAMPLING.py --rows 1 16 --repeats 10", None),
     ("sweep_arith.json", "tiny-arith: accuracy and speed of every method (this grid picks smc's defaults)",
