@@ -5,13 +5,18 @@ Example: python experiments/bench_ar.py --batch 1 4 --max-new-tokens 128
 """
 
 import argparse
-import json
 import os
 import statistics
+import sys
 import time
 
-import smcsd
-from models import ByteTokenizer, ModelConfig, init_model
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if REPO not in sys.path:
+    sys.path.insert(0, REPO)
+
+import smcsd  # noqa: E402
+from experiments import report  # noqa: E402
+from models import ByteTokenizer, ModelConfig, init_model  # noqa: E402
 
 
 def main(argv=None):
@@ -21,7 +26,7 @@ def main(argv=None):
     ap.add_argument("--hidden", type=int, default=256)
     ap.add_argument("--layers", type=int, default=4)
     ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--out", default="experiments/results/bench_ar.json")
+    ap.add_argument("--out", default=report.results_path("bench_ar.json"))
     args = ap.parse_args(argv)
     tok = ByteTokenizer()
     cfg = ModelConfig(vocab_size=tok.vocab_size, hidden_size=args.hidden, intermediate_size=3 * args.hidden,
@@ -40,14 +45,11 @@ def main(argv=None):
         rows.append(dict(batch=B, params_m=model.num_params / 1e6, max_new_tokens=args.max_new_tokens,
                          compile_time_s=first.stats.compile_time_s, first_call_s=first_call,
                          tokens_per_s=tps, ms_per_step=1000 * B / tps, cache_len=first.stats.cache_len))
-    print(f"| batch | params (M) | compile (s) | tokens/s | ms per step | cache slots |")
-    print("|---|---|---|---|---|---|")
-    for r in rows:
-        print(f"| {r['batch']} | {r['params_m']:.2f} | {r['compile_time_s']:.2f} | {r['tokens_per_s']:.0f} | "
-              f"{r['ms_per_step']:.2f} | {r['cache_len']} |")
-    os.makedirs(os.path.dirname(args.out) or ".", exist_ok=True)
-    with open(args.out, "w") as f:
-        json.dump({"rows": rows, "args": vars(args)}, f, indent=2)
+    print(report.markdown_table(
+        ["batch", "params (M)", "compile (s)", "tokens/s", "ms per step", "cache slots"],
+        [[r["batch"], f"{r['params_m']:.2f}", f"{r['compile_time_s']:.2f}", f"{r['tokens_per_s']:.0f}",
+          f"{r['ms_per_step']:.2f}", r["cache_len"]] for r in rows]))
+    report.write_json(args.out, {"rows": rows, "args": vars(args)}, indent=2)
 
 
 if __name__ == "__main__":

@@ -19,10 +19,7 @@ machine is shared: compare ratios within one run). Prints a markdown table, writ
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import platform
-import statistics
 import sys
 import time
 
@@ -30,7 +27,8 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if REPO not in sys.path:
     sys.path.insert(0, REPO)
 
-from experiments.bench_real import PASSAGE, run_peer  # noqa: E402
+from experiments import report  # noqa: E402
+from experiments.bench_real import PASSAGE, load_peer, run_peer  # noqa: E402
 
 CODE = '''def summarize_orders(orders, min_total=0.0):
     """Group orders by customer and return totals above a threshold."""
@@ -75,16 +73,7 @@ def run_ours(target, ids, stops, method, K, temperature, max_new, seed):
 
 def peer_worker(inp: str, out: str) -> None:
     """Inside the peer interpreter: transformers generate() with and without prompt lookup."""
-    import torch
-    import transformers
-    from transformers import AutoModelForCausalLM
-
-    with open(inp) as f:
-        job = json.load(f)
-    torch.set_num_threads(os.cpu_count() or 1)
-    folder, name = os.path.split(job["gguf"])
-    model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=torch.float32).eval()
-    results = {"versions": {"transformers": transformers.__version__, "torch": torch.__version__}}
+    torch, model, job, results = load_peer(inp)
     for cell in job["cells"]:
         ids = torch.tensor([cell["ids"]])
         T = cell["temperature"]
@@ -110,8 +99,7 @@ def peer_worker(inp: str, out: str) -> None:
         tps = {m: v["tokens"] / v["wall_s"] for m, v in runs.items()}
         print(f"  transformers {cell['key']}: ar {tps['ar']:.1f} tok/s, prompt lookup {tps['lookup']:.1f} tok/s "
               f"({tps['lookup'] / tps['ar']:.2f}x)", flush=True)
-    with open(out, "w") as f:
-        json.dump(results, f)
+    report.write_json(out, results, indent=None)
 
 
 def main(argv=None):
@@ -124,13 +112,12 @@ def main(argv=None):
     ap.add_argument("--max-new-tokens", type=int, default=256)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--peer-python", default=None, help="a Python with torch + transformers + gguf + accelerate")
-    ap.add_argument("--out", default=os.path.join(REPO, "experiments", "results", "bench_lookup.json"))
+    ap.add_argument("--out", default=report.results_path("bench_lookup.json"))
     ap.add_argument("--peer-worker", nargs=2, metavar=("IN", "OUT"), help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.peer_worker:
         return peer_worker(*args.peer_worker)
 
-    import jax
     import smcsd
     from models import registry
 
@@ -169,13 +156,9 @@ def main(argv=None):
         peer = run_peer(args.peer_python, {"gguf": registry.cached_path("smollm2-135m"), "cells": cells,
                                            "stops": stops, "max_new_tokens": args.max_new_tokens,
                                            "repeats": args.repeats}, script=__file__)
-    lines = ["| prompt | T | method | tok/s | vs ar | tokens/target call | acceptance | new tokens |",
-             "|---|---|---|---|---|---|---|---|"]
-    for r in rows:
-        name = "ar" if r["method"] == "ar" else f"sd + prompt lookup K={r['K']}"
-        acc = "–" if r["acceptance"] is None else f"{r['acceptance']:.2f}"
-        lines.append(f"| {r['prompt']} | {r['temperature']:g} | {name} | {r['tps']:.1f} | {r['speedup']:.2f}× "
-                     f"| {r['tokens_per_call']:.2f} | {acc} | {r['tokens']} |")
+    body = [[r["prompt"], f"{r['temperature']:g}", "ar" if r["method"] == "ar" else f"sd + prompt lookup K={r['K']}",
+             f"{r['tps']:.1f}", f"{r['speedup']:.2f}×", f"{r['tokens_per_call']:.2f}", report.fmt(r["acceptance"]),
+             r["tokens"]] for r in rows]
     if peer:
         for key, runs in peer.items():
             if key == "versions":
@@ -185,21 +168,18 @@ def main(argv=None):
             for mode, v in runs.items():
                 tps = v["tokens"] / v["wall_s"]
                 name = "transformers ar" if mode == "ar" else f"transformers prompt lookup ({args.peer_k})"
-                lines.append(f"| {p} | {float(T):g} | {name} | {tps:.1f} | {tps / ar_tps:.2f}× | – | – | {v['tokens']} |")
-    table = "\n".join(lines)
+                body.append([p, f"{float(T):g}", name, f"{tps:.1f}", f"{tps / ar_tps:.2f}×", "–", "–",
+                             v["tokens"]])
+    table = report.markdown_table(["prompt", "T", "method", "tok/s", "vs ar", "tokens/target call", "acceptance",
+                                   "new tokens"], body)
     print(table)
-    result = dict(schema="smcsd.bench_lookup/1", created=time.strftime("%Y-%m-%dT%H:%M:%S"),
-                  machine=dict(platform=platform.platform(), cores=os.cpu_count(), jax=jax.__version__,
-                               backend=jax.default_backend(), load_avg=os.getloadavg()),
-                  model=dict(name="smollm2-135m", params=target.num_params, dtype=target.config.dtype),
-                  settings=dict(max_new_tokens=args.max_new_tokens, repeats=args.repeats, ks=args.ks,
-                                peer_k=args.peer_k, drafter=smcsd.PromptLookup().describe()),
-                  peer=peer, rows=rows, markdown=table,
-                  command="python experiments/bench_lookup.py " + " ".join(argv if argv is not None else sys.argv[1:]))
-    os.makedirs(os.path.dirname(args.out), exist_ok=True)
-    with open(args.out, "w") as f:
-        json.dump(result, f, indent=2)
-    print(f"wrote {args.out}")
+    result = report.new_result(
+        "smcsd.bench_lookup/1", machine=report.machine_info(),
+        model=dict(name="smollm2-135m", params=target.num_params, dtype=target.config.dtype),
+        settings=dict(max_new_tokens=args.max_new_tokens, repeats=args.repeats, ks=args.ks, peer_k=args.peer_k,
+                      drafter=smcsd.PromptLookup().describe()),
+        peer=peer, rows=rows, markdown=table, command=report.command(__file__, argv))
+    print("wrote", report.write_json(args.out, result, indent=2))
 
 
 if __name__ == "__main__":

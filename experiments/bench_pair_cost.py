@@ -9,17 +9,15 @@ wall time over --reps calls (after warm-up) is reported for each model and the r
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
-import time
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from experiments import report  # noqa: E402
 from models import forward_cached  # noqa: E402
 from models.shipped import load_shipped  # noqa: E402
 
@@ -28,14 +26,7 @@ def step_time(model, batch: int, context: int, cache_len: int, reps: int) -> flo
     cache = model.init_cache(batch, cache_len).set_lengths(context)
     fn = jax.jit(lambda p, t, c: forward_cached(model.config, p, t, c))
     tokens = jnp.full((batch, 1), 97, jnp.int32)
-    for _ in range(3):
-        jax.block_until_ready(fn(model.params, tokens, cache))
-    times = []
-    for _ in range(reps):
-        t = time.perf_counter()
-        jax.block_until_ready(fn(model.params, tokens, cache))
-        times.append(time.perf_counter() - t)
-    return float(np.median(times))
+    return report.timed(lambda: fn(model.params, tokens, cache), reps, warmup=3)[0]
 
 
 def main(argv=None):
@@ -45,8 +36,7 @@ def main(argv=None):
     ap.add_argument("--context", type=int, default=64)
     ap.add_argument("--cache-len", type=int, default=128)
     ap.add_argument("--reps", type=int, default=100)
-    ap.add_argument("--out", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "results",
-                                                  "pair_cost.json"))
+    ap.add_argument("--out", default=report.results_path("pair_cost.json"))
     args = ap.parse_args(argv)
     results = {"device": str(jax.devices()[0]), "context": args.context, "cache_len": args.cache_len,
                "reps": args.reps, "pairs": {}}
@@ -60,9 +50,7 @@ def main(argv=None):
             print(f"{name} batch {b}: target {tt * 1e3:.3f} ms, draft {td * 1e3:.3f} ms, "
                   f"draft/target {td / tt:.3f}", flush=True)
         results["pairs"][name] = r
-    os.makedirs(os.path.dirname(args.out), exist_ok=True)
-    with open(args.out, "w") as f:
-        json.dump(results, f, indent=1)
+    report.write_json(args.out, results)
 
 
 if __name__ == "__main__":

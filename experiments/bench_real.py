@@ -25,7 +25,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import statistics
 import subprocess
 import sys
@@ -33,6 +32,10 @@ import tempfile
 import time
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if REPO not in sys.path:
+    sys.path.insert(0, REPO)
+
+from experiments import report  # noqa: E402
 
 PASSAGE = (
     "The lighthouse at the end of the harbour was built in 1871, when the town still lived from fishing and "
@@ -73,13 +76,7 @@ def ceiling_time(model, rows: int, repeats: int) -> float:
 
     fn = jax.jit(chain)
     x = jnp.ones((rows, model.config.hidden_size), model.config.jnp_dtype)
-    jax.block_until_ready(fn(params["layers"], head, x))
-    times = []
-    for _ in range(repeats):
-        t = time.perf_counter()
-        jax.block_until_ready(fn(params["layers"], head, x))
-        times.append(time.perf_counter() - t)
-    return statistics.median(times)
+    return report.timed(lambda: fn(params["layers"], head, x), repeats, warmup=1)[0]
 
 
 def ours(target, ids, rows: int, new_tokens: int, seed: int) -> float:
@@ -95,8 +92,7 @@ def run_peer(python: str, job: dict, script: str = __file__) -> dict:
     its JSON result; for this file: {cell key: [seconds, seconds of a one-token call]}."""
     with tempfile.TemporaryDirectory() as tmp:
         inp, out = os.path.join(tmp, "in.json"), os.path.join(tmp, "out.json")
-        with open(inp, "w") as f:
-            json.dump(job, f)
+        report.write_json(inp, job, indent=None)
         proc = subprocess.run([python, os.path.abspath(script), "--peer-worker", inp, out])
         if proc.returncode != 0:
             raise RuntimeError(f"the transformers run in {python} failed (exit {proc.returncode}); it needs torch, "
@@ -105,8 +101,9 @@ def run_peer(python: str, job: dict, script: str = __file__) -> dict:
             return json.load(f)
 
 
-def peer_worker(inp: str, out: str) -> None:
-    """Runs inside the peer interpreter: transformers generate() on the same GGUF and prompt ids."""
+def load_peer(inp: str):
+    """Inside the peer interpreter: (torch, the job's GGUF loaded by transformers in float32, the job read
+    from `inp`, a results dict holding the versions), torch on all of this machine's cores."""
     import torch
     import transformers
     from transformers import AutoModelForCausalLM
@@ -116,8 +113,13 @@ def peer_worker(inp: str, out: str) -> None:
     torch.set_num_threads(os.cpu_count() or 1)
     folder, name = os.path.split(job["gguf"])
     model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=torch.float32).eval()
+    return torch, model, job, {"versions": {"transformers": transformers.__version__, "torch": torch.__version__}}
+
+
+def peer_worker(inp: str, out: str) -> None:
+    """Runs inside the peer interpreter: transformers generate() on the same GGUF and prompt ids."""
+    torch, model, job, results = load_peer(inp)
     n = job["new_tokens"]
-    results = {"versions": {"transformers": transformers.__version__, "torch": torch.__version__}}
     for cell in job["cells"]:
         ids = torch.tensor([cell["ids"]] * cell["rows"])
         kw = dict(do_sample=True, temperature=0.7, top_k=0, top_p=1.0, max_new_tokens=n, min_new_tokens=n,
@@ -137,8 +139,7 @@ def peer_worker(inp: str, out: str) -> None:
                 first.append(time.perf_counter() - t)
         results[cell["key"]] = [statistics.median(times), statistics.median(first)]
         print(f"  transformers {cell['key']}: {cell['rows'] * n / results[cell['key']][0]:.1f} tokens/s", flush=True)
-    with open(out, "w") as f:
-        json.dump(results, f)
+    report.write_json(out, results, indent=None)
 
 
 def decode_rate(rows: int, new_tokens: int, wall: float, wall_one: float) -> float:
@@ -147,22 +148,21 @@ def decode_rate(rows: int, new_tokens: int, wall: float, wall_one: float) -> flo
 
 
 def markdown_table(rows: list[dict], with_peer: bool) -> str:
-    head = ("| batch | prompt | prompt tokens | ours tok/s (end to end) | ours decode tok/s | ceiling tok/s "
-            "| ours decode / ceiling |")
-    sep = "|---|---|---|---|---|---|---|"
+    columns = ["batch", "prompt", "prompt tokens", "ours tok/s (end to end)", "ours decode tok/s", "ceiling tok/s",
+               "ours decode / ceiling"]
     if with_peer:
-        head += " transformers tok/s (end to end) | transformers decode tok/s | ours / transformers (end to end, decode) |"
-        sep += "---|---|---|"
-    lines = [head, sep]
+        columns += ["transformers tok/s (end to end)", "transformers decode tok/s",
+                    "ours / transformers (end to end, decode)"]
+    cells = []
     for r in rows:
-        line = (f"| {r['batch']} | {r['prompt']} | {r['prompt_tokens']} | {r['ours_tps']:.1f} | {r['ours_decode_tps']:.1f} "
-                f"| {r['ceiling_tps']:.1f} | {r['ours_decode_tps'] / r['ceiling_tps']:.0%} |")
+        cells.append([r["batch"], r["prompt"], r["prompt_tokens"], f"{r['ours_tps']:.1f}",
+                      f"{r['ours_decode_tps']:.1f}", f"{r['ceiling_tps']:.1f}",
+                      f"{r['ours_decode_tps'] / r['ceiling_tps']:.0%}"])
         if with_peer:
             p, pd = r.get("peer_tps"), r.get("peer_decode_tps")
-            line += (f" {p:.1f} | {pd:.1f} | {r['ours_tps'] / p:.2f}×, {r['ours_decode_tps'] / pd:.2f}× |"
-                     if p else " – | – | – |")
-        lines.append(line)
-    return "\n".join(lines)
+            cells[-1] += ([f"{p:.1f}", f"{pd:.1f}", f"{r['ours_tps'] / p:.2f}×, {r['ours_decode_tps'] / pd:.2f}×"]
+                          if p else ["–", "–", "–"])
+    return report.markdown_table(columns, cells)
 
 
 def main(argv=None):
@@ -173,15 +173,12 @@ def main(argv=None):
     ap.add_argument("--new-tokens", type=int, default=64, help="new tokens per row (default 64)")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--peer-python", default=None, help="a Python with torch + transformers + gguf + accelerate")
-    ap.add_argument("--out", default=os.path.join(REPO, "experiments", "results", "bench_real.json"))
+    ap.add_argument("--out", default=report.results_path("bench_real.json"))
     ap.add_argument("--peer-worker", nargs=2, metavar=("IN", "OUT"), help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.peer_worker:
         return peer_worker(*args.peer_worker)
 
-    if REPO not in sys.path:
-        sys.path.insert(0, REPO)
-    import jax
     import smcsd
     from models import registry
 
@@ -217,17 +214,12 @@ def main(argv=None):
                                                  row["peer_one_token_s"])
     table = markdown_table(rows, peer is not None)
     print(table)
-    result = dict(schema="smcsd.bench_real/1", created=time.strftime("%Y-%m-%dT%H:%M:%S"),
-                  machine=dict(platform=platform.platform(), cores=os.cpu_count(), jax=jax.__version__,
-                               backend=jax.default_backend(), load_avg=os.getloadavg()),
-                  model=dict(name="smollm2-135m", params=target.num_params, dtype=target.config.dtype),
-                  settings=dict(new_tokens=args.new_tokens, repeats=args.repeats, temperature=0.7),
-                  peer_versions=(peer or {}).get("versions"), rows=rows, markdown=table,
-                  command="python experiments/bench_real.py " + " ".join(argv if argv is not None else sys.argv[1:]))
-    os.makedirs(os.path.dirname(args.out), exist_ok=True)
-    with open(args.out, "w") as f:
-        json.dump(result, f, indent=2)
-    print(f"wrote {args.out}")
+    result = report.new_result(
+        "smcsd.bench_real/1", machine=report.machine_info(),
+        model=dict(name="smollm2-135m", params=target.num_params, dtype=target.config.dtype),
+        settings=dict(new_tokens=args.new_tokens, repeats=args.repeats, temperature=0.7),
+        peer_versions=(peer or {}).get("versions"), rows=rows, markdown=table, command=report.command(__file__, argv))
+    print("wrote", report.write_json(args.out, result, indent=2))
 
 
 if __name__ == "__main__":

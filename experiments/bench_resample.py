@@ -9,23 +9,19 @@ requests (num_samples = N), warms up, then reports the median (and min) wall tim
 
 import argparse
 import functools
-import json
+import os
 import platform
-import statistics
 import sys
 import time
-from pathlib import Path
 
 import jax
-import jax.numpy as jnp
 
-try:
-    import resample
-except ImportError:  # run as a script from a checkout: put the repo root on the path
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-    import resample
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if REPO not in sys.path:
+    sys.path.insert(0, REPO)
 
-DEFAULT_OUT = Path(__file__).resolve().parent / "results" / "bench_resample.json"
+import resample  # noqa: E402
+from experiments import report  # noqa: E402
 
 
 def time_scheme(name: str, num_particles: int, batch: int, repeats: int, warmup: int) -> dict:
@@ -39,19 +35,13 @@ def time_scheme(name: str, num_particles: int, batch: int, repeats: int, warmup:
     start = time.perf_counter()
     batched(keys, log_weights).block_until_ready()
     compile_s = time.perf_counter() - start
-    for _ in range(warmup):
-        batched(keys, log_weights).block_until_ready()
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        batched(keys, log_weights).block_until_ready()
-        times.append(time.perf_counter() - start)
+    median, times = report.timed(lambda: batched(keys, log_weights), repeats, warmup)
     return {
         "scheme": name,
         "num_particles": num_particles,
         "batch": batch,
         "compile_s": compile_s,
-        "median_s": statistics.median(times),
+        "median_s": median,
         "min_s": min(times),
         "times_s": times,
     }
@@ -60,15 +50,13 @@ def time_scheme(name: str, num_particles: int, batch: int, repeats: int, warmup:
 def markdown_table(results: list[dict], schemes: list[str], sizes: list[int]) -> str:
     """Median µs per batched call: one row per N, one column per scheme."""
     cell = {(r["num_particles"], r["scheme"]): r["median_s"] * 1e6 for r in results}
-    lines = ["| N | " + " | ".join(schemes) + " |", "|---:|" + "---:|" * len(schemes)]
-    for n in sizes:
-        lines.append(f"| {n} | " + " | ".join(f"{cell[n, s]:.1f}" for s in schemes) + " |")
-    return "\n".join(lines)
+    return report.markdown_table(["N", *schemes], [[n, *(f"{cell[n, s]:.1f}" for s in schemes)] for n in sizes],
+                                 align="---:")
 
 
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help="JSON output path")
+    parser.add_argument("--out", default=report.results_path("bench_resample.json"), help="JSON output path")
     parser.add_argument("--particles", type=int, nargs="+", default=[8, 64, 1024])
     parser.add_argument("--batch", type=int, default=64, help="requests per call (vmapped)")
     parser.add_argument("--repeats", type=int, default=20)
@@ -82,7 +70,7 @@ def main(argv=None) -> None:
         for name in args.schemes
     ]
     device = jax.devices()[0]
-    report = {
+    result = {
         "benchmark": "resample schemes, jit(vmap(scheme)), num_samples = N",
         "unit": "seconds per batched call",
         "batch": args.batch,
@@ -97,8 +85,7 @@ def main(argv=None) -> None:
     print(f"median µs per call, {args.batch} requests vmapped, "
           f"{jax.default_backend()} ({device.device_kind}), {args.repeats} repeats\n")
     print(markdown_table(results, args.schemes, args.particles))
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(report, indent=2) + "\n")
+    report.write_json(args.out, result, indent=2)
     print(f"\nwrote {args.out}")
 
 

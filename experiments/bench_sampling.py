@@ -13,13 +13,16 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
-import json
+import itertools
 import os
-import statistics
 import sys
-import time
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if REPO not in sys.path:
+    sys.path.insert(0, REPO)
+
+from experiments import report  # noqa: E402
+
 SETTINGS = {"plain T=0.7": (0.7, 0, 1.0), "top-k 50": (0.7, 50, 1.0), "top-p 0.9": (0.7, 0, 0.9),
             "top-k 50 + top-p 0.9": (0.7, 50, 0.9), "greedy": (0.0, 0, 1.0)}
 
@@ -39,13 +42,8 @@ def time_sampler(mod, vocab: int, rows: int, setting, repeats: int) -> float:
     logits = jnp.asarray(np.random.default_rng(0).normal(size=(rows, vocab)) * 4, jnp.float32)
     params = mod.SamplingParams.make(*setting)
     fn = jax.jit(lambda k, x, p: mod.sample(k, mod.process_logits(x, p)))
-    jax.block_until_ready(fn(jax.random.PRNGKey(0), logits, params))
-    times = []
-    for r in range(repeats):
-        t = time.perf_counter()
-        jax.block_until_ready(fn(jax.random.PRNGKey(r), logits, params))
-        times.append(time.perf_counter() - t)
-    return statistics.median(times)
+    seeds = itertools.chain([0], range(repeats))  # the warm-up call's, then the timed calls'
+    return report.timed(lambda: fn(jax.random.PRNGKey(next(seeds)), logits, params), repeats, warmup=1)[0]
 
 
 def main(argv=None):
@@ -55,7 +53,7 @@ def main(argv=None):
     ap.add_argument("--rows", type=int, nargs="+", default=[1, 4, 16])
     ap.add_argument("--repeats", type=int, default=20)
     ap.add_argument("--baseline", default=None, help="another sampling.py to time side by side")
-    ap.add_argument("--out", default=os.path.join(REPO, "experiments", "results", "bench_sampling.json"))
+    ap.add_argument("--out", default=report.results_path("bench_sampling.json"))
     args = ap.parse_args(argv)
     samplers = {"now": _module(os.path.join(REPO, "smcsd", "sampling.py"), "sampling_now")}
     if args.baseline:
@@ -71,15 +69,12 @@ def main(argv=None):
             rows.append(row)
             print(row, flush=True)
     cols = [k for k in rows[0] if k not in ("setting", "rows")]
-    lines = ["| setting | rows | " + " | ".join(cols) + " |", "|---|---|" + "---|" * len(cols)]
-    lines += [f"| {r['setting']} | {r['rows']} | " + " | ".join(f"{r[c]:.2f}" for c in cols) + " |" for r in rows]
-    table = "\n".join(lines)
+    table = report.markdown_table(["setting", "rows", *cols],
+                                  [[r["setting"], r["rows"], *(f"{r[c]:.2f}" for c in cols)] for r in rows])
     print(table)
-    os.makedirs(os.path.dirname(args.out), exist_ok=True)
-    with open(args.out, "w") as f:
-        json.dump({"schema": "smcsd.bench_sampling/1", "vocab": args.vocab, "rows": rows, "markdown": table,
-                   "command": "python experiments/bench_sampling.py " + " ".join(argv or sys.argv[1:])}, f, indent=2)
-    print(f"wrote {args.out}")
+    print("wrote", report.write_json(args.out, {"schema": "smcsd.bench_sampling/1", "vocab": args.vocab, "rows": rows,
+                                                "markdown": table, "command": report.command(__file__, argv)},
+                                     indent=2))
 
 
 if __name__ == "__main__":

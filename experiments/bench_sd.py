@@ -24,8 +24,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import datetime
-import json
 import os
 import statistics
 import sys
@@ -38,6 +36,7 @@ import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 
 import smcsd  # noqa: E402
+from experiments import report  # noqa: E402
 from models import ByteTokenizer, LanguageModel, ModelConfig, init_model  # noqa: E402
 
 PROMPTS = ["def fibonacci(n):", "The quick brown fox", "import numpy as np\n", "for i in range(10):"]
@@ -86,7 +85,7 @@ def main(argv=None):
     ap.add_argument("--multi-k", type=int, default=4)
     ap.add_argument("--warmup", type=int, default=1)
     ap.add_argument("--repeats", type=int, default=5)
-    ap.add_argument("--out", default=os.path.join(REPO, "experiments", "results", "bench_sd.json"))
+    ap.add_argument("--out", default=report.results_path("bench_sd.json"))
     args = ap.parse_args(argv)
 
     target, draft = load_pair(args)
@@ -107,10 +106,8 @@ def main(argv=None):
         for w in range(args.warmup):
             run(cell, 1 + w)
         cell["runs"] = []
-    for r in range(args.repeats):
-        order = cells[r % len(cells):] + cells[:r % len(cells)]
-        for cell in order:
-            cell["runs"].append(run(cell, 100 + r))
+    for r, cell in report.round_robin(cells, args.repeats):
+        cell["runs"].append(run(cell, 100 + r))
 
     ar_tps = [s.tokens_per_s for s in cells[0]["runs"]]
     rows = []
@@ -129,24 +126,20 @@ def main(argv=None):
             target_calls=statistics.mean(s.num_target_calls for s in runs),
             wall_s=statistics.median(s.wall_time_s for s in runs)))
 
-    fmt = lambda x, f: "–" if x is None else format(x, f)  # noqa: E731
     print(f"\npair: {target.name} ({target.num_params / 1e6:.2f}M) / {draft.name} ({draft.num_params / 1e6:.2f}M), "
           f"batch {args.batch}, {args.max_new_tokens} new tokens, T={args.temperature}, "
           f"median of {args.repeats} interleaved rounds, backend {jax.default_backend()}\n")
-    print("| method | acceptance rate | mean acceptance length | tokens / target call | target calls | tokens/s | "
-          "speed-up vs ar |")
-    print("|---|---|---|---|---|---|---|")
-    for r in rows:
-        print(f"| {r['label']} | {fmt(r['acceptance_rate'], '.3f')} | {fmt(r['mean_acceptance_length'], '.2f')} | "
-              f"{r['tokens_per_target_call']:.2f} | {r['target_calls']:.1f} | {r['tokens_per_s']:.0f} | "
-              f"{r['speedup_vs_ar']:.2f} |")
-    os.makedirs(os.path.dirname(args.out) or ".", exist_ok=True)
-    with open(args.out, "w") as f:
-        json.dump({"schema": "smcsd.bench_sd/1", "created": datetime.datetime.now().isoformat(timespec="seconds"),
-                   "backend": jax.default_backend(), "devices": [str(d) for d in jax.devices()],
-                   "model": {"pair": args.pair, "target": target.name, "draft": draft.name,
-                             "target_params": target.num_params, "draft_params": draft.num_params},
-                   "settings": vars(args), "prompts": prompts, "rows": rows}, f, indent=2)
+    print(report.markdown_table(
+        ["method", "acceptance rate", "mean acceptance length", "tokens / target call", "target calls", "tokens/s",
+         "speed-up vs ar"],
+        [[r["label"], report.fmt(r["acceptance_rate"], ".3f"), report.fmt(r["mean_acceptance_length"], ".2f"),
+          f"{r['tokens_per_target_call']:.2f}", f"{r['target_calls']:.1f}", f"{r['tokens_per_s']:.0f}",
+          f"{r['speedup_vs_ar']:.2f}"] for r in rows]))
+    report.write_json(args.out, report.new_result(
+        "smcsd.bench_sd/1", backend=jax.default_backend(), devices=[str(d) for d in jax.devices()],
+        model={"pair": args.pair, "target": target.name, "draft": draft.name, "target_params": target.num_params,
+               "draft_params": draft.num_params},
+        settings=vars(args), prompts=prompts, rows=rows), indent=2)
     print(f"\nwrote {args.out}")
 
 

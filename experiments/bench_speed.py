@@ -48,7 +48,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import datetime
 import glob
 import json
 import math
@@ -57,7 +56,12 @@ import statistics
 import sys
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-DEFAULT_OUT = os.path.join(REPO, "experiments", "results", "bench_speed.json")
+if REPO not in sys.path:
+    sys.path.insert(0, REPO)
+
+from experiments import report  # noqa: E402
+
+DEFAULT_OUT = report.results_path("bench_speed.json")
 SCHEMA = "smcsd.bench_speed/1"
 # The documented JSON fields (module docstring); tests check the output against these.
 TOP_FIELDS = ("schema", "created", "device", "platform", "jax_version", "model", "settings", "cells", "accuracy",
@@ -144,8 +148,6 @@ def decode_kwargs(cell: Cell) -> dict:
 def prompts_for(model_name: str, batch_size: int, given: list[str] | None) -> list[str]:
     pool = given
     if not pool and model_name == "tiny-arith":
-        if REPO not in sys.path:
-            sys.path.insert(0, REPO)
         from experiments import arith_data
         pool = [p.question for p in arith_data.test_set()[:16]]
     pool = pool or CODE_PROMPTS
@@ -224,12 +226,10 @@ def run_grid(cells: list[Cell], target, draft, *, model_name: str, prompts: list
             run(c, seed + 1 + w)
             bar.update()
     runs = {c: [None] * repeats for c in cells}
-    for r in range(repeats):  # round-robin: every cell once per round, starting one later each round
-        for i in range(len(cells)):
-            c = cells[(i + r) % len(cells)]
-            bar.set_postfix_str(f"round {r + 1}/{repeats} {c.label} B={c.batch_size}")
-            runs[c][r] = run(c, seed + 1000 + r)
-            bar.update()
+    for r, c in report.round_robin(cells, repeats):  # every cell once per round, starting one later each round
+        bar.set_postfix_str(f"round {r + 1}/{repeats} {c.label} B={c.batch_size}")
+        runs[c][r] = run(c, seed + 1000 + r)
+        bar.update()
     bar.close()
     ar_cells = {c.batch_size: c for c in cells if c.method == "ar"}
     rows = []
@@ -241,35 +241,17 @@ def run_grid(cells: list[Cell], target, draft, *, model_name: str, prompts: list
 
 # ----------------------------------------------------------------------------------- reporting
 
-def _fmt(v, spec=".2f", none="–"):
-    if v is None or (isinstance(v, float) and math.isnan(v)):
-        return none
-    return format(v, spec)
-
-
 def markdown_table(rows: list[dict]) -> str:
-    head = ("| method | B | N | K | compile (s) | tokens/s | speed-up vs ar | target calls/token | "
-            "tokens/target call | acceptance | mean accept len | ESS/N | resamples |")
-    lines = [head, "|" + "---|" * (head.count("|") - 1)]
-    for r in rows:
-        lines.append("| " + " | ".join([
-            r["method"], str(r["batch_size"]), _fmt(r["num_particles"], "d"), _fmt(r["num_speculative_tokens"], "d"),
-            _fmt(r["compile_time_s"], ".1f"), _fmt(r["tokens_per_s"], ".0f"),
-            _fmt(r["speedup_vs_ar"], ".2f") + ("×" if r["speedup_vs_ar"] is not None else ""),
-            _fmt(r["target_calls_per_token"], ".3f"), _fmt(r["tokens_per_target_call"], ".2f"),
-            _fmt(r["acceptance_rate"], ".2f"), _fmt(r["mean_acceptance_length"], ".2f"),
-            _fmt(r["mean_ess_fraction"], ".2f"), _fmt(r["resamples"], ".1f")]) + " |")
-    return "\n".join(lines)
-
-
-def _json_safe(obj):
-    if isinstance(obj, float):
-        return None if (math.isnan(obj) or math.isinf(obj)) else obj
-    if isinstance(obj, dict):
-        return {str(k): _json_safe(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return [_json_safe(v) for v in obj]
-    return obj
+    fmt = report.fmt
+    return report.markdown_table(
+        ["method", "B", "N", "K", "compile (s)", "tokens/s", "speed-up vs ar", "target calls/token",
+         "tokens/target call", "acceptance", "mean accept len", "ESS/N", "resamples"],
+        [[r["method"], r["batch_size"], fmt(r["num_particles"], "d"), fmt(r["num_speculative_tokens"], "d"),
+          fmt(r["compile_time_s"], ".1f"), fmt(r["tokens_per_s"], ".0f"),
+          fmt(r["speedup_vs_ar"], ".2f") + ("×" if r["speedup_vs_ar"] is not None else ""),
+          fmt(r["target_calls_per_token"], ".3f"), fmt(r["tokens_per_target_call"], ".2f"),
+          fmt(r["acceptance_rate"], ".2f"), fmt(r["mean_acceptance_length"], ".2f"),
+          fmt(r["mean_ess_fraction"], ".2f"), fmt(r["resamples"], ".1f")] for r in rows])
 
 
 # ----------------------------------------------------------------------------------- speed vs accuracy
@@ -342,10 +324,7 @@ def pareto_front(xy: list[tuple[float, float]]) -> set[int]:
 
 
 def plot_pareto(points: list[dict], path: str, title: str) -> str:
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = report.pyplot()
     colors = {"ar": "tab:gray", "sd": "tab:blue", "sd-multi": "tab:green", "smc": "tab:red"}
     fig, ax = plt.subplots(figsize=(7, 4.5), dpi=120)
     for m in sorted({p["method"] for p in points}):
@@ -367,10 +346,7 @@ def plot_pareto(points: list[dict], path: str, title: str) -> str:
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
     fig.tight_layout()
-    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    fig.savefig(path)
-    plt.close(fig)
-    return path
+    return report.savefig(fig, path)
 
 
 # ----------------------------------------------------------------------------------- main
@@ -423,8 +399,6 @@ def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
 def main(argv=None, prog: str | None = None) -> int:
     ap = build_parser(prog)
     args = ap.parse_args(argv)
-    if REPO not in sys.path:
-        sys.path.insert(0, REPO)
     import jax
 
     from smcsd.cli import load_models
@@ -450,18 +424,13 @@ def main(argv=None, prog: str | None = None) -> int:
                     eos_id=None if args.stop_at_eos else [], ess_threshold=args.ess_threshold,
                     resampler=args.resampler, progress=not args.no_progress)
 
-    dev = jax.devices()[0]
-    device = f"{dev.platform}: {getattr(dev, 'device_kind', str(dev))} x{jax.device_count()}"
-    if dev.platform == "cpu":
-        device += f" ({os.cpu_count()} host cores)"
-    result = {
-        "schema": SCHEMA, "created": datetime.datetime.now().isoformat(timespec="seconds"),
-        "device": device, "platform": dev.platform, "jax_version": jax.__version__,
-        "model": {"name": model_name, "target": target.name, "draft": draft.name if draft is not None else None,
-                  "target_params": target.num_params, "draft_params": draft.num_params if draft is not None else None},
-        "settings": {k: v for k, v in vars(args).items() if k not in ("no_progress",)},
-        "cells": rows, "accuracy": None, "plot": None,
-    }
+    device, platform = report.device_info(count=True)
+    result = report.new_result(
+        SCHEMA, device=device, platform=platform, jax_version=jax.__version__,
+        model={"name": model_name, "target": target.name, "draft": draft.name if draft is not None else None,
+               "target_params": target.num_params, "draft_params": draft.num_params if draft is not None else None},
+        settings={k: v for k, v in vars(args).items() if k not in ("no_progress",)},
+        cells=rows, accuracy=None, plot=None)
     print(f"\n{model_name} on {device}: temperature {args.temperature}, {args.max_new_tokens} new tokens, "
           f"median of {args.repeats} interleaved rounds")
     print(markdown_table(rows))
@@ -476,10 +445,7 @@ def main(argv=None, prog: str | None = None) -> int:
             print("wrote", path)
         else:
             print("no accuracy result matches a bench cell: no plot", file=sys.stderr)
-    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
-    with open(args.out, "w") as f:
-        json.dump(_json_safe(result), f, indent=1)
-    print("wrote", args.out)
+    print("wrote", report.write_json(args.out, report.json_safe(result)))
     return 0
 
 

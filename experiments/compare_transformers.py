@@ -19,7 +19,6 @@ Example:  PYTHONPATH=. python experiments/compare_transformers.py --max-new-toke
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import tempfile
@@ -27,8 +26,13 @@ import time
 
 import numpy as np
 
-import smcsd
-from models import ByteTokenizer, ModelConfig, init_model, save_pretrained
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if REPO not in sys.path:
+    sys.path.insert(0, REPO)
+
+import smcsd  # noqa: E402
+from experiments import report  # noqa: E402
+from models import ByteTokenizer, ModelConfig, init_model, save_pretrained  # noqa: E402
 
 PROMPTS = ["def fibonacci(n):\n", "import numpy as np\n\ndef normalize(x):", "class Stack:\n    def push(self, x):"]
 
@@ -179,13 +183,12 @@ def main(argv=None):
     base = {r["mode"]: r["tokens_per_s"] for r in rows if r["engine"] == "transformers" and r["method"] == "generate"}
     print(f"\n{note}; {len(prompts)} prompts x {args.max_new_tokens} new tokens, batch 1, "
           f"T={args.temperature} for sampling, {args.repeats} timed passes")
-    print("| engine | method | mode | tokens/s | vs transformers generate | smcsd first call (compile) s | notes |")
-    print("|---|---|---|---|---|---|---|")
     for r in rows:
         r["ratio"] = r["tokens_per_s"] / base[r["mode"]]
-        first = f"{r['first_call_s']:.1f}" if r["engine"] == "smcsd" else ""
-        print(f"| {r['engine']} | {r['method']} | {r['mode']} | {r['tokens_per_s']:.1f} | {r['ratio']:.2f}x | "
-              f"{first} | {r['note']} |")
+    print(report.markdown_table(
+        ["engine", "method", "mode", "tokens/s", "vs transformers generate", "smcsd first call (compile) s", "notes"],
+        [[r["engine"], r["method"], r["mode"], f"{r['tokens_per_s']:.1f}", f"{r['ratio']:.2f}x",
+          f"{r['first_call_s']:.1f}" if r["engine"] == "smcsd" else "", r["note"]] for r in rows]))
 
     # 4. Greedy agreement, token for token.
     ref = outputs[("transformers", "generate", "greedy")]
@@ -201,8 +204,7 @@ def main(argv=None):
         if key[0] == "smcsd":  # only our outputs are under test here
             ok &= all(same)
     if args.out:
-        with open(args.out, "w") as f:
-            json.dump({"note": note, "args": vars(args), "rows": rows, "greedy_agree": ok}, f, indent=2)
+        report.write_json(args.out, {"note": note, "args": vars(args), "rows": rows, "greedy_agree": ok}, indent=2)
     if tmp is not None:
         tmp.cleanup()
     return 0 if ok else 1

@@ -70,7 +70,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import datetime
 import json
 import math
 import os
@@ -78,7 +77,12 @@ import statistics
 import sys
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-DEFAULT_OUT = os.path.join(REPO, "experiments", "results", "cost_model.json")
+if REPO not in sys.path:
+    sys.path.insert(0, REPO)
+
+from experiments import report  # noqa: E402
+
+DEFAULT_OUT = report.results_path("cost_model.json")
 SCHEMA = "smcsd.cost_model/1"
 TOP_FIELDS = ("schema", "created", "device", "jax_version", "assumptions", "stats", "predictions", "cpu_measured")
 PREDICTION_FIELDS = ("device", "pair", "target", "draft", "batch_size", "method", "num_particles",
@@ -386,27 +390,22 @@ def cpu_check(target, draft, per_round: list, B: int, M: int, stats: dict, model
 # ----------------------------------------------------------------------------------- reporting
 
 def predictions_table(rows: list[dict]) -> str:
-    head = ("| device | pair | B | method | N | K | tokens/cycle | target call (ms) | draft call (ms) | cycle (ms) | "
-            "bound | tokens/s | vs ar |")
-    lines = [head, "|" + "---|" * (head.count("|") - 1)]
-    for r in rows:
-        lines.append(f"| {r['device']} | {r['pair']} | {r['batch_size']} | {r['method']} | "
-                     f"{r['num_particles'] or '–'} | "
-                     f"{r['num_speculative_tokens'] or '–'} | {r['tokens_per_cycle']:.2f} | "
-                     f"{r['target_call_s'] * 1e3:.2f} | {r['draft_call_s'] * 1e3:.2f} | {r['cycle_s'] * 1e3:.2f} | "
-                     f"{r['bound']} | {r['tokens_per_s']:.0f} | {r['speedup_vs_ar']:.2f}× |")
-    return "\n".join(lines)
+    return report.markdown_table(
+        ["device", "pair", "B", "method", "N", "K", "tokens/cycle", "target call (ms)", "draft call (ms)",
+         "cycle (ms)", "bound", "tokens/s", "vs ar"],
+        [[r["device"], r["pair"], r["batch_size"], r["method"], r["num_particles"] or "–",
+          r["num_speculative_tokens"] or "–", f"{r['tokens_per_cycle']:.2f}", f"{r['target_call_s'] * 1e3:.2f}",
+          f"{r['draft_call_s'] * 1e3:.2f}", f"{r['cycle_s'] * 1e3:.2f}", r["bound"], f"{r['tokens_per_s']:.0f}",
+          f"{r['speedup_vs_ar']:.2f}×"] for r in rows])
 
 
 def cpu_table(cpu: dict) -> str:
-    head = ("| method | measured tokens/s | measured vs ar | predicted tokens/s | predicted vs ar | ratio error | "
-            "within 30% |")
-    lines = [head, "|" + "---|" * (head.count("|") - 1)]
-    for r in cpu["rows"]:
-        lines.append(f"| {r['label']} | {r['measured_tokens_per_s']:.0f} | {r['measured_ratio']:.2f}× | "
-                     f"{r['predicted_tokens_per_s']:.0f} | {r['predicted_ratio']:.2f}× | "
-                     f"{100 * r['ratio_rel_error']:+.1f}% | {'yes' if r['within_tolerance'] else 'NO'} |")
-    return "\n".join(lines)
+    return report.markdown_table(
+        ["method", "measured tokens/s", "measured vs ar", "predicted tokens/s", "predicted vs ar", "ratio error",
+         "within 30%"],
+        [[r["label"], f"{r['measured_tokens_per_s']:.0f}", f"{r['measured_ratio']:.2f}×",
+          f"{r['predicted_tokens_per_s']:.0f}", f"{r['predicted_ratio']:.2f}×", f"{100 * r['ratio_rel_error']:+.1f}%",
+          "yes" if r["within_tolerance"] else "NO"] for r in cpu["rows"]])
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -448,7 +447,7 @@ def main(argv=None) -> int:
     if "ar" not in methods:
         ap.error("argument --methods: ar is needed (the reference of every ratio)")
     repeats = args.repeats or (5 if args.quick else 7)
-    device_desc, platform = rf.device_description()
+    device_desc, platform = report.device_info()
 
     cells, target, draft, model_name = None, None, None, args.model
     if args.bench:
@@ -530,9 +529,8 @@ def main(argv=None) -> int:
                            "num_speculative_tokens": K, "num_particles": N, "methods": [c["label"] for c in cells]}
         cpu = {k: cpu[k] for k in CPU_FIELDS}
 
-    result = {"schema": SCHEMA, "created": datetime.datetime.now().isoformat(timespec="seconds"),
-              "device": device_desc, "jax_version": jax.__version__, "assumptions": ASSUMPTIONS, "stats": stats,
-              "predictions": predictions, "cpu_measured": cpu}
+    result = report.new_result(SCHEMA, device=device_desc, jax_version=jax.__version__, assumptions=ASSUMPTIONS,
+                               stats=stats, predictions=predictions, cpu_measured=cpu)
     print("\ncost model assumptions:")
     for a in ASSUMPTIONS:
         print(f"  - {a}")
@@ -555,10 +553,7 @@ def main(argv=None) -> int:
         print(cpu_table(cpu))
         print(f"all predicted ratios within {100 * TOLERANCE:.0f}% of the measured ones: "
               f"{'yes' if cpu['all_within_tolerance'] else 'NO'}")
-    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
-    with open(args.out, "w") as f:
-        json.dump(result, f, indent=1)
-    print("wrote", args.out)
+    print("wrote", report.write_json(args.out, result))
     return 0
 
 

@@ -20,7 +20,7 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import smcsd  # noqa: E402
-from experiments import arith_data  # noqa: E402
+from experiments import arith_data, report  # noqa: E402
 from models.shipped import load_model_dir, load_shipped  # noqa: E402
 
 
@@ -100,12 +100,9 @@ def main(argv=None):
                    top_k=args.top_k, top_p=args.top_p, seed=args.seed, progress=not args.no_progress, **kwargs)
     res["settings"] = {k: v for k, v in vars(args).items() if k not in ("out", "no_progress")}
     print(json.dumps({k: v for k, v in res.items() if k != "samples"}, indent=1))
-    out = args.out or os.path.join(os.path.dirname(os.path.abspath(__file__)), "results", "arith",
-                                   f"{args.model}_{args.method}_T{args.temperature}_n{len(problems)}.json")
-    os.makedirs(os.path.dirname(out), exist_ok=True)
-    with open(out, "w") as f:
-        json.dump(res, f, indent=1)
-    print("wrote", out)
+    out = args.out or report.results_path(
+        "arith", f"{args.model}_{args.method}_T{args.temperature}_n{len(problems)}.json")
+    print("wrote", report.write_json(out, res))
 
 
 if __name__ == "__main__":

@@ -9,7 +9,6 @@ hash of the file path, see train_pair.py); all target nats are charged to the by
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 
@@ -17,6 +16,7 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from experiments import report  # noqa: E402
 from experiments import train_pair as tp  # noqa: E402
 from models.shipped import load_model_dir, load_shipped  # noqa: E402
 
@@ -26,7 +26,7 @@ def main(argv=None):
     ap.add_argument("--windows", type=int, default=256)
     ap.add_argument("--seq-len", type=int, default=256)
     ap.add_argument("--pair-dir", default=None, help="a directory with target/ and draft/ (default: shipped)")
-    ap.add_argument("--out", default=os.path.join(tp.REPO, "experiments", "results", "code_bpb.json"))
+    ap.add_argument("--out", default=report.results_path("code_bpb.json"))
     args = ap.parse_args(argv)
     data = tp.CodeData(args.seq_len)
     rng = np.random.default_rng(4321)
@@ -42,9 +42,7 @@ def main(argv=None):
         out[role] = {"num_params": m.num_params, **ev}
         print(f"{role}: {m.num_params / 1e6:.2f}M params, held-out {ev['bits_per_byte']:.3f} bits/byte "
               f"({ev['loss']:.3f} nats/token over {ev['tokens']} tokens)", flush=True)
-    os.makedirs(os.path.dirname(args.out), exist_ok=True)
-    with open(args.out, "w") as f:
-        json.dump(out, f, indent=1)
+    report.write_json(args.out, out)
 
 
 if __name__ == "__main__":

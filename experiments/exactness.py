@@ -42,8 +42,6 @@ JSON written to --out (default experiments/results/exactness.json):
 from __future__ import annotations
 
 import argparse
-import datetime
-import json
 import math
 import os
 import sys
@@ -52,8 +50,13 @@ import time
 import numpy as np
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-DEFAULT_OUT = os.path.join(REPO, "experiments", "results", "exactness.json")
-DEFAULT_PLOT = os.path.join(REPO, "experiments", "results", "exactness.png")
+if REPO not in sys.path:
+    sys.path.insert(0, REPO)
+
+from experiments import report  # noqa: E402
+
+DEFAULT_OUT = report.results_path("exactness.json")
+DEFAULT_PLOT = report.results_path("exactness.png")
 SCHEMA = "smcsd.exactness/1"
 TOP_FIELDS = ("schema", "created", "device", "jax_version", "settings", "rows", "plot")
 ROW_FIELDS = ("setting", "method", "label", "num_particles", "num_speculative_tokens", "samples", "tv", "noise_tv",
@@ -69,8 +72,6 @@ NOISE_SIGMAS = 4.0  # noise_bound = E[TV] + NOISE_SIGMAS * sd
 
 
 def _toys():
-    if REPO not in sys.path:
-        sys.path.insert(0, REPO)
     from tests import toys
     return toys
 
@@ -184,37 +185,24 @@ def run(samples: int, batch: int, seed: int, num_particles, sd_k: int, sd_multi_
             rows.append({k: row[k] for k in ROW_FIELDS})
             if progress:
                 print(f"  {s_name:>14} | {cell['label']:<22} TV {tv:.4f} (noise {noise:.4f}) "
-                      f"chi2/df {_fmt(row['chi2_per_df'], '.2f')}  [{row['seconds']:.1f}s]", flush=True)
+                      f"chi2/df {report.fmt(row['chi2_per_df'], '.2f')}  [{row['seconds']:.1f}s]", flush=True)
     return rows
 
 
 # ----------------------------------------------------------------------------------- reporting
 
-def _fmt(v, spec=".4f"):
-    if v is None or (isinstance(v, float) and math.isnan(v)):
-        return "–"
-    if isinstance(v, float) and math.isinf(v):
-        return "inf"
-    return format(v, spec)
-
-
 def markdown_table(rows: list[dict]) -> str:
-    head = ("| setting | method | TV | noise floor E[TV] | bound (+4 sd) | within noise | chi²/df | p-value | "
-            "acceptance | smc TV limit (N→∞) |")
-    lines = [head, "|" + "---|" * (head.count("|") - 1)]
-    for r in rows:
-        lines.append("| " + " | ".join([
-            r["setting"], r["label"], _fmt(r["tv"]), _fmt(r["noise_tv"]), _fmt(r["noise_bound"]),
-            "yes" if r["within_noise"] else "no", _fmt(r["chi2_per_df"], ".2f"), _fmt(r["pvalue"], ".3g"),
-            _fmt(r["acceptance_rate"], ".2f"), _fmt(r["smc_limit_tv"])]) + " |")
-    return "\n".join(lines)
+    fmt = report.fmt  # an infinite chi²/df (samples where p_T is 0) prints as "inf"
+    return report.markdown_table(
+        ["setting", "method", "TV", "noise floor E[TV]", "bound (+4 sd)", "within noise", "chi²/df", "p-value",
+         "acceptance", "smc TV limit (N→∞)"],
+        [[r["setting"], r["label"], fmt(r["tv"], ".4f"), fmt(r["noise_tv"], ".4f"), fmt(r["noise_bound"], ".4f"),
+          "yes" if r["within_noise"] else "no", fmt(r["chi2_per_df"], ".2f"), fmt(r["pvalue"], ".3g"),
+          fmt(r["acceptance_rate"], ".2f"), fmt(r["smc_limit_tv"], ".4f")] for r in rows])
 
 
 def plot(rows: list[dict], path: str, title: str) -> str:
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = report.pyplot()
     settings = list(dict.fromkeys(r["setting"] for r in rows))
     fig, axes = plt.subplots(1, len(settings), figsize=(5.2 * len(settings), 4.0), squeeze=False, sharey=True)
     styles = {"ar": ("tab:green", "-"), "sd": ("tab:orange", "--"), "sd-multi": ("tab:purple", ":")}
@@ -245,7 +233,7 @@ def plot(rows: list[dict], path: str, title: str) -> str:
         ax.set_title(f"{s}, n = {rs[0]['samples']}")
         ax.grid(alpha=0.3, which="both")
     axes[0][0].set_ylabel("TV(output law, exact p_T)")
-    handles, labels = {}, {}
+    handles = {}
     for ax in axes[0]:  # one legend for both panels, below them
         for h, lab in zip(*ax.get_legend_handles_labels()):
             handles.setdefault(lab, (h, lab))
@@ -253,20 +241,7 @@ def plot(rows: list[dict], path: str, title: str) -> str:
                ncol=3, fontsize=7, frameon=False)
     fig.suptitle(title, fontsize=9)
     fig.tight_layout(rect=(0, 0.12, 1, 1))
-    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
-
-
-def _json_safe(obj):
-    if isinstance(obj, float):
-        return None if (math.isnan(obj) or math.isinf(obj)) else obj
-    if isinstance(obj, dict):
-        return {str(k): _json_safe(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return [_json_safe(v) for v in obj]
-    return obj
+    return report.savefig(fig, path, dpi=110)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -300,16 +275,14 @@ def main(argv=None) -> int:
     import jax
     rows = run(samples, args.batch, args.seed, ns, args.sd_k, args.sd_multi_n, args.smc_k, settings=args.settings,
                progress=not args.no_progress)
-    dev = jax.devices()[0]
-    result = {"schema": SCHEMA, "created": datetime.datetime.now().isoformat(timespec="seconds"),
-              "device": f"{dev.platform}: {getattr(dev, 'device_kind', str(dev))}", "jax_version": jax.__version__,
-              "settings": {"samples": rows[0]["samples"] if rows else samples, "batch": min(args.batch, samples),
-                           "seed": args.seed, "prompt": list(PROMPT), "length": LENGTH, "vocab": VOCAB,
-                           "toy": f"tests/toys.tiny_pair(vocab={VOCAB}, seed={TOY_SEED})", "sd_k": args.sd_k,
-                           "sd_multi_n": args.sd_multi_n, "smc_k": args.smc_k, "num_particles": ns,
-                           "sampling": {k: SETTINGS[k] for k in (args.settings or SETTINGS)},
-                           "noise_sigmas": NOISE_SIGMAS},
-              "rows": rows, "plot": None}
+    result = report.new_result(
+        SCHEMA, device=report.device_info(host_cores=False)[0], jax_version=jax.__version__,
+        settings={"samples": rows[0]["samples"] if rows else samples, "batch": min(args.batch, samples),
+                  "seed": args.seed, "prompt": list(PROMPT), "length": LENGTH, "vocab": VOCAB,
+                  "toy": f"tests/toys.tiny_pair(vocab={VOCAB}, seed={TOY_SEED})", "sd_k": args.sd_k,
+                  "sd_multi_n": args.sd_multi_n, "smc_k": args.smc_k, "num_particles": ns,
+                  "sampling": {k: SETTINGS[k] for k in (args.settings or SETTINGS)}, "noise_sigmas": NOISE_SIGMAS},
+        rows=rows, plot=None)
     print(f"\nexactness on enumerable toys: vocab {VOCAB}, prompt {list(PROMPT)}, {LENGTH}-token outputs "
           f"({VOCAB ** LENGTH} outcomes), n = {result['settings']['samples']} samples per cell")
     print(markdown_table(rows))
@@ -317,10 +290,7 @@ def main(argv=None) -> int:
         result["plot"] = plot(rows, args.plot, f"exactness: TV from exact p_T (toy vocab {VOCAB}, "
                                                f"{LENGTH}-token outputs, n = {result['settings']['samples']})")
         print("wrote", args.plot)
-    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
-    with open(args.out, "w") as f:
-        json.dump(_json_safe(result), f, indent=1)
-    print("wrote", args.out)
+    print("wrote", report.write_json(args.out, report.json_safe(result)))
     return 0
 
 

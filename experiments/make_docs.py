@@ -32,7 +32,9 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if REPO not in sys.path:
     sys.path.insert(0, REPO)
 
-RESULTS = os.path.join(REPO, "experiments", "results")
+from experiments import report  # noqa: E402
+
+RESULTS = report.RESULTS
 DOCS = os.path.join(REPO, "docs")
 FIGURES = os.path.join(DOCS, "figures")
 # (file under experiments/results, section title, the script that writes it, preferred table columns or None)
@@ -156,9 +158,7 @@ def table(rows: list[dict], columns: list[str] | None = None, max_columns: int =
         for r in flat:
             columns += [c for c in r if c not in columns]
         columns = columns[:max_columns]
-    lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
-    lines += ["| " + " | ".join(_cell(r.get(c)) for c in columns) + " |" for r in flat]
-    return "\n".join(lines)
+    return report.markdown_table(columns, [[_cell(r.get(c)) for c in columns] for r in flat])
 
 
 def render_generic(obj, columns: list[str] | None = None) -> str:

@@ -34,9 +34,14 @@ if __name__ == "__main__":  # must happen before jax is imported
         os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
 import argparse  # noqa: E402
-import json  # noqa: E402
 import re  # noqa: E402
 import statistics  # noqa: E402
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if REPO not in sys.path:
+    sys.path.insert(0, REPO)
+
+from experiments import report  # noqa: E402
 
 COLLECTIVES = ("all-reduce", "all-gather", "reduce-scatter", "collective-permute", "all-to-all")
 _OP = re.compile(r"\s(all-reduce|all-gather|reduce-scatter|collective-permute|all-to-all)(?:-start)?\(")
@@ -143,8 +148,7 @@ def main(argv=None):
     ap.add_argument("--layers", type=int, default=4)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--no-baseline", action="store_true", help="skip the 1-device run (e.g. multi-host)")
-    ap.add_argument("--out", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "results",
-                                                  "mesh_overhead.json"))
+    ap.add_argument("--out", default=report.results_path("mesh_overhead.json"))
     args = ap.parse_args(argv)
 
     import jax
@@ -181,7 +185,8 @@ def main(argv=None):
                "same_tokens_as_1_device": None if shape is None or not rows or rows[0]["devices"] != 1
                else first.tokens == rows[0]["_tokens"]}
         if shape is not None:
-            key = [k for k in engine._COMPILED if k[0] == args.method and len(k) == 5 and k[4] == mesh][-1]
+            # engine.compiled_program's cache key: (method, target config, drafter, spec, layout[, mesh])
+            key = [k for k in engine._COMPILED if k[0] == args.method and len(k) == 6 and k[5] == mesh][-1]
             row["collectives"] = loop_collectives(engine._COMPILED[key].as_text())
         row["_tokens"] = first.tokens
         rows.append(row)
@@ -211,12 +216,11 @@ def main(argv=None):
 
     for r in rows:
         r.pop("_tokens")
-    os.makedirs(os.path.dirname(args.out), exist_ok=True)
-    with open(args.out, "w") as f:
-        json.dump({"method": args.method, "platform": jax.devices()[0].platform, "num_devices": jax.device_count(),
-                   "batch": args.batch, "num_particles": args.num_particles,
-                   "num_speculative_tokens": args.num_speculative_tokens, "max_new_tokens": args.max_new_tokens,
-                   "target_params": tcfg.num_params, "draft_params": dcfg.num_params, "rows": rows}, f, indent=1)
+    report.write_json(args.out, {
+        "method": args.method, "platform": jax.devices()[0].platform, "num_devices": jax.device_count(),
+        "batch": args.batch, "num_particles": args.num_particles, "num_speculative_tokens": args.num_speculative_tokens,
+        "max_new_tokens": args.max_new_tokens, "target_params": tcfg.num_params, "draft_params": dcfg.num_params,
+        "rows": rows})
     print(f"wrote {args.out}")
 
 

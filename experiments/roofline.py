@@ -47,18 +47,19 @@ JSON written to --out (default experiments/results/roofline.json):
 from __future__ import annotations
 
 import argparse
-import datetime
 import functools
-import json
 import math
 import os
-import statistics
 import sys
-import time
 import warnings
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-DEFAULT_OUT = os.path.join(REPO, "experiments", "results", "roofline.json")
+if REPO not in sys.path:
+    sys.path.insert(0, REPO)
+
+from experiments import report  # noqa: E402
+
+DEFAULT_OUT = report.results_path("roofline.json")
 SCHEMA = "smcsd.roofline/1"
 TOP_FIELDS = ("schema", "created", "device", "platform", "jax_version", "model", "bandwidth", "compute", "settings",
               "rows")
@@ -107,23 +108,6 @@ def call_flops(cfg, rows: int, tokens_per_row: int, cache_len: int) -> int:
 
 # ----------------------------------------------------------------------------------- timing helpers
 
-def _median_time(fn, repeats: int, warmup: int = 2, reset=None):
-    """Median (and all) wall times of `fn(state) -> state`, blocking on the result; `reset` maps the
-    returned state to the next call's input (untimed)."""
-    import jax
-    state = None
-    for _ in range(warmup):
-        state = jax.block_until_ready(fn(state))
-        state = reset(state) if reset else state
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        state = jax.block_until_ready(fn(state))
-        times.append(time.perf_counter() - t0)
-        state = reset(state) if reset else state
-    return statistics.median(times), times
-
-
 @functools.lru_cache(maxsize=None)
 def _bw_kernels():
     import jax
@@ -144,26 +128,26 @@ def measure_bandwidth(array_mib: int, repeats: int, with_numpy: bool = True) -> 
     nbytes = 4 * n
     red, red_rows, upd = _bw_kernels()
     x = jax.block_until_ready(jnp.ones((n,), jnp.float32) * 0.5)
-    t_red, _ = _median_time(lambda _: red(x), repeats)
-    t_rows, _ = _median_time(lambda _: red_rows(x), repeats)
+    t_red, _ = report.timed(lambda: red(x), repeats, warmup=2)
+    t_rows, _ = report.timed(lambda: red_rows(x), repeats, warmup=2)
     with warnings.catch_warnings():  # a backend that cannot donate warns once; the copy is then timed as is
         warnings.simplefilter("ignore")
         buf = {"x": jax.block_until_ready(jnp.ones((n,), jnp.float32))}
 
-        def update(_):
+        def update():
             buf["x"] = upd(buf["x"])
             return buf["x"]
 
-        t_upd, _ = _median_time(update, repeats)
-    del x, buf
+        t_upd, _ = report.timed(update, repeats, warmup=2)
+    x = buf = None  # free the arrays before numpy's
     out = {"array_mib": array_mib, "repeats": repeats,
            "jax_reduce_gbs": nbytes / t_red / 1e9, "jax_reduce_rows_gbs": nbytes / t_rows / 1e9,
            "jax_update_gbs": 2 * nbytes / t_upd / 1e9, "numpy_sum_gbs": None, "numpy_copy_gbs": None}
     if with_numpy:
         xn = np.full(n, 0.5, np.float32)
         dn = np.empty_like(xn)
-        t_nsum, _ = _median_time(lambda _: xn.sum(), repeats)
-        t_ncopy, _ = _median_time(lambda _: np.copyto(dn, xn), repeats)
+        t_nsum, _ = report.timed(lambda: xn.sum(), repeats, warmup=2)
+        t_ncopy, _ = report.timed(lambda: np.copyto(dn, xn), repeats, warmup=2)
         del xn, dn
         out.update(numpy_sum_gbs=nbytes / t_nsum / 1e9, numpy_copy_gbs=2 * nbytes / t_ncopy / 1e9)
     out["roofline_gbs"] = max(out["jax_reduce_gbs"], out["jax_reduce_rows_gbs"], out["jax_update_gbs"])
@@ -192,7 +176,7 @@ def measure_logits(vocab: int, repeats: int, rows: int = 64) -> float:
     fn = _jitted(lambda k, x, p: sample(k, process_logits(x, p)), "logits")
     x = jax.random.normal(jax.random.PRNGKey(0), (rows, vocab), jnp.float32)
     key = jax.random.PRNGKey(1)
-    t, _ = _median_time(lambda _: fn(key, x, sp), repeats)
+    t, _ = report.timed(lambda: fn(key, x, sp), repeats, warmup=2)
     return t / rows
 
 
@@ -205,7 +189,7 @@ def measure_matmul(n: int, repeats: int, platform: str) -> dict:
     for name, dt in dtypes:
         a = jax.block_until_ready(jax.random.normal(jax.random.PRNGKey(0), (n, n), jnp.float32).astype(dt))
         mm = _jitted(lambda u: u @ u, "matmul")
-        t, _ = _median_time(lambda _: mm(a), repeats)
+        t, _ = report.timed(lambda: mm(a), repeats, warmup=2)
         out[f"{name}_gflops"] = 2 * n ** 3 / t / 1e9
     return out
 
@@ -231,8 +215,6 @@ def random_pair_like(name: str = "tiny-code"):
 
 def load_pair(name: str):
     """(target, draft, source): the shipped pair `name` if installed, else a random pair of its size."""
-    if REPO not in sys.path:
-        sys.path.insert(0, REPO)
     from models.registry import FETCHABLE, load_pair as load_named
     from models.shipped import available_shipped, load_shipped
     if name in FETCHABLE:  # a real model from the user cache (fetched once); its draft may be None
@@ -276,15 +258,14 @@ def time_forward(model, rows: int, tokens_per_row: int, context: int, cache_len:
         lengths = np.full((rows,), context, np.int32)  # host template: the device copies are donated
         box = {"cache": model.init_cache(rows, cache_len).replace(lengths=jnp.asarray(lengths))}
 
-        def call(_):
+        def call():
             logits, box["cache"] = fn(params, tokens, box["cache"])
             return logits
 
-        def reset(out):
+        def reset(_):
             box["cache"] = box["cache"].replace(lengths=jnp.asarray(lengths))
-            return out
 
-        return _median_time(call, repeats, reset=reset)
+        return report.timed(call, repeats, warmup=2, reset=reset)
 
 
 def time_smc_cycle(target, draft, batch: int, particles: int, K: int, context: int, cache_len: int,
@@ -320,7 +301,7 @@ def time_smc_cycle(target, draft, batch: int, particles: int, K: int, context: i
                                               ("done", s0.done), ("feed_count", s0.feed_count))}  # host templates
         box = {"s": s0}
 
-        def call(_):
+        def call():
             box["s"] = cyc(target.decode_params(), draft.decode_params(), inp, box["s"])
             return box["s"]
 
@@ -329,9 +310,8 @@ def time_smc_cycle(target, draft, batch: int, particles: int, K: int, context: i
             box["s"] = s._replace(cache_t=s.cache_t.replace(lengths=f["lt"]),
                                   cache_d=s.cache_d.replace(lengths=f["ld"]),
                                   n=f["n"], done=f["done"], feed_count=f["feed_count"])
-            return box["s"]
 
-        return _median_time(call, repeats, reset=reset)
+        return report.timed(call, repeats, warmup=2, reset=reset)
 
 
 def smc_cycle_bytes(target_cfg, draft_cfg, rows: int, K: int, cache_len: int, resample: bool) -> int:
@@ -391,23 +371,12 @@ def measure_calls(target, draft, *, batches, smc_batch, particles, K, context, c
 # ----------------------------------------------------------------------------------- reporting
 
 def markdown_table(rows: list[dict]) -> str:
-    head = ("| call | rows × tokens | MB moved | time (ms) | roofline time (ms) | achieved GB/s | % of roofline | "
-            "GFLOP/s |")
-    lines = [head, "|" + "---|" * (head.count("|") - 1)]
-    for r in rows:
-        lines.append(f"| {r['label']} | {r['rows']} × {r['tokens_per_row']} | {r['bytes'] / 1e6:.2f} | "
-                     f"{r['time_s'] * 1e3:.3f} | {r['roofline_time_s'] * 1e3:.3f} | {r['achieved_gbs']:.2f} | "
-                     f"{100 * r['fraction_of_roofline']:.1f}% | {r['achieved_gflops']:.2f} |")
-    return "\n".join(lines)
-
-
-def device_description():
-    import jax
-    dev = jax.devices()[0]
-    desc = f"{dev.platform}: {getattr(dev, 'device_kind', str(dev))}"
-    if dev.platform == "cpu":
-        desc += f" ({os.cpu_count()} host cores)"
-    return desc, dev.platform
+    return report.markdown_table(
+        ["call", "rows × tokens", "MB moved", "time (ms)", "roofline time (ms)", "achieved GB/s", "% of roofline",
+         "GFLOP/s"],
+        [[r["label"], f"{r['rows']} × {r['tokens_per_row']}", f"{r['bytes'] / 1e6:.2f}", f"{r['time_s'] * 1e3:.3f}",
+          f"{r['roofline_time_s'] * 1e3:.3f}", f"{r['achieved_gbs']:.2f}", f"{100 * r['fraction_of_roofline']:.1f}%",
+          f"{r['achieved_gflops']:.2f}"] for r in rows])
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -437,10 +406,8 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     if args.context >= args.cache_len - args.num_speculative_tokens:
         ap.error("argument --context: must leave room for K+1 tokens in --cache-len")
-    if REPO not in sys.path:
-        sys.path.insert(0, REPO)
     import jax
-    device, platform = device_description()
+    device, platform = report.device_info()
     repeats = args.repeats or (7 if args.quick else 30)
     batches = args.batches or ([1, 8] if args.quick else [1, 32])
     array_mib = args.array_mib or (128 if args.quick else (256 if platform == "cpu" else 512))
@@ -463,22 +430,18 @@ def main(argv=None) -> int:
     rows = measure_calls(target, draft, batches=batches, smc_batch=args.smc_batch, particles=args.num_particles,
                          K=args.num_speculative_tokens, context=args.context, cache_len=args.cache_len,
                          repeats=repeats, bw_gbs=bw["roofline_gbs"], progress=not args.no_progress)
-    result = {"schema": SCHEMA, "created": datetime.datetime.now().isoformat(timespec="seconds"), "device": device,
-              "platform": platform, "jax_version": jax.__version__,
-              "model": {"name": args.model, "source": source, "target": _model_info(target),
-                        "draft": _model_info(draft)},
-              "bandwidth": bw, "compute": compute,
-              "settings": {"context": args.context, "cache_len": args.cache_len, "batches": batches,
-                           "smc_batch": args.smc_batch, "num_particles": args.num_particles,
-                           "num_speculative_tokens": args.num_speculative_tokens, "repeats": repeats},
-              "rows": rows}
+    result = report.new_result(
+        SCHEMA, device=device, platform=platform, jax_version=jax.__version__,
+        model={"name": args.model, "source": source, "target": _model_info(target), "draft": _model_info(draft)},
+        bandwidth=bw, compute=compute,
+        settings={"context": args.context, "cache_len": args.cache_len, "batches": batches,
+                  "smc_batch": args.smc_batch, "num_particles": args.num_particles,
+                  "num_speculative_tokens": args.num_speculative_tokens, "repeats": repeats},
+        rows=rows)
     print(f"\nroofline: {bw['roofline_gbs']:.1f} GB/s on {device}; context {args.context} of {args.cache_len} "
           f"cache slots; median of {repeats}")
     print(markdown_table(rows))
-    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
-    with open(args.out, "w") as f:
-        json.dump(result, f, indent=1)
-    print("wrote", args.out)
+    print("wrote", report.write_json(args.out, result))
     return 0
 
 

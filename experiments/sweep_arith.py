@@ -24,6 +24,8 @@ import sys
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
+from experiments import report  # noqa: E402
+
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -36,7 +38,7 @@ def main(argv=None):
     ap.add_argument("--batch-size", type=int, default=1, help="requests per call in the speed benchmark")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--within", type=float, default=3.0, help="accuracy tolerance vs ar, in points")
-    ap.add_argument("--out", default=os.path.join(REPO, "experiments", "results", "sweep_arith.json"))
+    ap.add_argument("--out", default=report.results_path("sweep_arith.json"))
     ap.add_argument("--no-progress", action="store_true")
     args = ap.parse_args(argv)
 
@@ -60,9 +62,8 @@ def main(argv=None):
                        progress=not args.no_progress, **kw)
         accuracy[label(m, n, k)] = res
         print(f"{label(m, n, k)}: accuracy {res['accuracy']:.3f}", flush=True)
-        os.makedirs(os.path.dirname(args.out), exist_ok=True)
-        with open(os.path.splitext(args.out)[0] + "_accuracy.json", "w") as f:  # progress survives a crash
-            json.dump({lab: {k: v for k, v in r.items() if k != "samples"} for lab, r in accuracy.items()}, f, indent=1)
+        report.write_json(os.path.splitext(args.out)[0] + "_accuracy.json",  # progress survives a crash
+                          {lab: {k: v for k, v in r.items() if k != "samples"} for lab, r in accuracy.items()})
 
     specs = ["ar"] + [f"{m},N={n},K={k}" if n else f"{m},K={k}" for m, n, k in cells if m != "ar"]
     bench_out = os.path.splitext(args.out)[0] + "_speed.json"
@@ -88,20 +89,17 @@ def main(argv=None):
           and r["tokens_per_s"] is not None]
     chosen = max(ok, key=lambda r: r["tokens_per_s"]) if ok else None
 
-    fmt = lambda x, p=2: "–" if x is None else f"{x:.{p}f}"
-    print(f"\n| cell | accuracy (n={args.limit}) | tokens/s (B={args.batch_size}) | speed-up vs ar | "
-          "target calls/token | acceptance | ESS/N |")
-    print("|---|---|---|---|---|---|---|")
-    for r in rows:
-        mark = " **(default)**" if chosen is r else ""
-        print(f"| {r['label']}{mark} | {r['accuracy']:.3f} | {fmt(r['tokens_per_s'], 0)} | {fmt(r['speedup_vs_ar'])}x "
-              f"| {fmt(r['target_calls_per_token'], 3)} | {fmt(r['acceptance_rate'])} | {fmt(r['mean_ess_fraction'])} |")
+    fmt = report.fmt
+    print("\n" + report.markdown_table(
+        ["cell", f"accuracy (n={args.limit})", f"tokens/s (B={args.batch_size})", "speed-up vs ar",
+         "target calls/token", "acceptance", "ESS/N"],
+        [[r["label"] + (" **(default)**" if chosen is r else ""), f"{r['accuracy']:.3f}", fmt(r["tokens_per_s"], ".0f"),
+          fmt(r["speedup_vs_ar"]) + "x", fmt(r["target_calls_per_token"], ".3f"), fmt(r["acceptance_rate"]),
+          fmt(r["mean_ess_fraction"])] for r in rows]))
     print(f"\nar accuracy {ar_acc:.3f}; chosen smc default: {chosen['label'] if chosen else 'none within tolerance'}")
-    os.makedirs(os.path.dirname(args.out), exist_ok=True)
-    with open(args.out, "w") as f:
-        json.dump({"cells": rows, "ar_accuracy": ar_acc, "chosen": chosen, "settings": vars(args),
-                   "speed_json": os.path.relpath(bench_out, REPO)}, f, indent=1)
-    print("wrote", args.out)
+    print("wrote", report.write_json(args.out, {"cells": rows, "ar_accuracy": ar_acc, "chosen": chosen,
+                                                "settings": vars(args),
+                                                "speed_json": os.path.relpath(bench_out, REPO)}))
 
 
 if __name__ == "__main__":

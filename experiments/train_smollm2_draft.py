@@ -136,7 +136,6 @@ def train(args) -> None:
 
 
 def main(argv=None):
-    from smcsd.cli import CLIError  # noqa: F401  (the package must import)
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     sub = ap.add_subparsers(dest="cmd", required=True)
     g = sub.add_parser("gen-chat")

@@ -16,12 +16,37 @@ sys.path.insert(0, os.path.join(REPO, "experiments"))
 
 import cost_model  # noqa: E402
 import exactness  # noqa: E402
+import report  # noqa: E402
 import roofline  # noqa: E402
 
 
 def _load(path):
     with open(path) as f:
         return json.load(f)
+
+
+# ----------------------------------------------------------------------------- the shared reporting helpers
+
+def test_report_helpers(tmp_path):
+    """experiments/report.py: the table, number, JSON and scheduling helpers the scripts share."""
+    table = report.markdown_table(["a", "b"], [[1, "x"], ["–", 2.5]])
+    assert table == "| a | b |\n|---|---|\n| 1 | x |\n| – | 2.5 |"
+    assert report.markdown_table(["N"], [], align="---:") == "| N |\n|---:|"
+    assert [report.fmt(v) for v in (None, math.nan, math.inf, 1 / 3)] == ["–", "–", "inf", "0.33"]
+    assert report.fmt(3, "d") == "3" and report.fmt(None, none="n/a") == "n/a"
+    assert report.json_safe({1: (math.nan, 2.0), "x": [math.inf]}) == {"1": [None, 2.0], "x": [None]}
+    assert list(report.round_robin(["a", "b", "c"], 2)) == [(0, "a"), (0, "b"), (0, "c"), (1, "b"), (1, "c"),
+                                                              (1, "a")]
+    res = report.new_result("smcsd.x/1", rows=[1])
+    assert list(res) == ["schema", "created", "rows"] and res["schema"] == "smcsd.x/1"
+    path = report.write_json(str(tmp_path / "new" / "r.json"), res)
+    assert _load(path) == res
+    calls = []
+    median, times = report.timed(lambda: calls.append("call") or 1.0, 3, warmup=2,
+                                 reset=lambda _: calls.append("reset"))
+    assert len(times) == 3 and median == sorted(times)[1] and calls == ["call", "reset"] * 5
+    assert report.command("/somewhere/experiments/bench_x.py", ["--a", "1"]) == "python experiments/bench_x.py --a 1"
+    assert report.results_path("x.json") == os.path.join(REPO, "experiments", "results", "x.json")
 
 
 # ----------------------------------------------------------------------------- exactness
