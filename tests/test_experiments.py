@@ -86,6 +86,7 @@ def test_exactness_quick(tmp_path):
 
 # ----------------------------------------------------------------------------- roofline
 
+@pytest.mark.slow  # default-run budget (<= 10 min on 2 cores); CI runs it with -m slow
 def test_roofline_quick(tmp_path):
     """A quick roofline run on a small random pair: the documented fields and the bytes model."""
     out = tmp_path / "roofline.json"
@@ -122,6 +123,7 @@ def test_cost_model_formulas():
     assert bound == "memory" and 4e-3 < t < 6e-3
 
 
+@pytest.mark.slow  # default-run budget (<= 10 min on 2 cores); CI runs it with -m slow
 def test_cost_model_reproduces_measured_ratios(tmp_path):
     """Predicted speed-ups (method / ar tokens/s) on this machine, from its measured bandwidth, matmul
     rate and sampling cost and the measured acceptance, match the measured speed-ups within 30%.

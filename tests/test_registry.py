@@ -91,6 +91,7 @@ CFG = ModelConfig(vocab_size=300, hidden_size=64, intermediate_size=128, num_hid
                   num_key_value_heads=2, max_position_embeddings=128)
 
 
+@pytest.mark.slow  # default-run budget (<= 10 min on 2 cores); CI runs it with -m slow
 def test_unrolled_layers_match_scanned():
     model = init_model(CFG, 0)
     per_layer = unstack_layers(model.params)

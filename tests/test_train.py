@@ -26,6 +26,7 @@ def _train(tmp_path, **kw):
     return tp.train_role(pair, "target", **args)
 
 
+@pytest.mark.slow  # default-run budget (<= 10 min on 2 cores); CI runs it with -m slow
 def test_resume_reproduces_the_uninterrupted_run(tmp_path):
     full = _train(tmp_path / "a")
     part = _train(tmp_path / "b", stop_after=3)  # "interrupted" after step 3 (checkpoint at 3)
