@@ -11,8 +11,8 @@ its chat template), so the held-out tail is chat text — what the drafter serve
 are cached (float16) under `--cache-dir`, so epochs after the first and resumed runs do not rerun the target.
 
 Initialisation: the drafter's tied embedding / LM head starts from the target's embedding projected on its top
-`hidden` singular directions (U·S of the SVD), so the drafter starts with the target's token geometry; the layers
-start random.
+`hidden` singular directions (U·S of the SVD, rescaled to the random init's standard deviation so the first
+logits are small), so the drafter starts with the target's token geometry; the layers start random.
 """
 
 from __future__ import annotations
@@ -122,7 +122,9 @@ def train(args) -> None:
     params = init_model(config, seed=0).params
     emb = np.asarray(target.params["embed_tokens"]["embedding"], np.float32)  # [V, 576]
     u, s, _ = np.linalg.svd(emb, full_matrices=False)
-    params["embed_tokens"]["embedding"] = jnp.asarray(u[:, :args.hidden] * s[:args.hidden], jnp.float32)
+    proj = u[:, :args.hidden] * s[:args.hidden]  # the target's token geometry on its top directions ...
+    init_std = float(np.std(np.asarray(params["embed_tokens"]["embedding"])))
+    params["embed_tokens"]["embedding"] = jnp.asarray(proj * (init_std / proj.std()), jnp.float32)  # ... at init scale
     draft = LanguageModel(config=config, params=params, tokenizer=tok, name="smollm2-135m/ar-distilled")
     command = "python experiments/train_smollm2_draft.py " + " ".join(sys.argv[2:] if len(sys.argv) > 2 else [])
     res = distill_ar_drafter(target, draft, corpus, steps=args.steps, lr=args.lr, topk=args.topk,
