@@ -38,6 +38,8 @@ import jax
 import jax.numpy as jnp
 from flax import struct
 
+from ..engine import write_tokens
+
 
 class Proposal(NamedTuple):
     """A chain of K drafted tokens per row."""
@@ -78,11 +80,7 @@ class TokenHistory:
 
     def write(self, new, count) -> "TokenHistory":
         """Append the first `count[r]` of `new [R, T]` to each row (writes past max_len are dropped)."""
-        R, T = new.shape
-        cols = self.lengths[:, None] + jnp.arange(T, dtype=jnp.int32)[None, :]
-        cols = jnp.where(jnp.arange(T)[None, :] < count[:, None], cols, self.max_len)
-        tokens = self.tokens.at[jnp.arange(R)[:, None], cols].set(new, mode="drop")
-        return TokenHistory(tokens=tokens, lengths=self.lengths + count)
+        return TokenHistory(tokens=write_tokens(self.tokens, self.lengths, new, count), lengths=self.lengths + count)
 
     def gather(self, index) -> "TokenHistory":
         index = jnp.asarray(index, jnp.int32)
