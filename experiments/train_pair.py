@@ -280,10 +280,11 @@ def train_role(pair: PairSpec, role: str, *, steps=None, batch_size=None, seq_le
                ckpt_dir="checkpoints", resume=False, overwrite=False, out=None, export_dtype="float32",
                results_dir=None, eval_every=100, ckpt_every=100, stop_after=None, distill=False,
                distill_weight=0.5, teacher=None, progress=True, data=None, config=None, command=None,
-               extend=False) -> dict:
+               extend=False, export_as=None) -> dict:
     """Train `role` of `pair`; returns a summary with the loss history. `stop_after` simulates an
     interruption (stop and checkpoint after that many steps); `config` overrides the pair's config;
-    `extend` lets `resume` continue a finished or running schedule to a larger `steps`."""
+    `extend` lets `resume` continue a finished or running schedule to a larger `steps`; `export_as` is the export's
+    path under `out/<pair>/` (default: the role), and also names the checkpoint and curves."""
     from tqdm import tqdm
     rs: RoleSpec = getattr(pair, role)
     config = config or rs.config
@@ -294,14 +295,15 @@ def train_role(pair: PairSpec, role: str, *, steps=None, batch_size=None, seq_le
     warmup = min(rs.warmup, max(1, steps // 10))
     data = data or make_data(pair, seq_len, seed)
     drill_frac = getattr(data, "drill_frac", 0.0)
-    tag = f"{pair.name}/{role}" + ("-distill" if distill else "")
+    name = export_as or (role + ("-distill" if distill else ""))  # checkpoint / curves / export name
+    tag = f"{pair.name}/{name}"
     run = {"pair": pair.name, "role": role, "steps": steps, "batch_size": batch_size, "seq_len": seq_len,
            "lr": lr, "warmup": warmup, "seed": seed, "distill": bool(distill),
            "distill_weight": distill_weight if distill else 0.0, "config": config.to_dict()}
     if drill_frac:
         run["drill_frac"] = drill_frac
 
-    ckpt_path = os.path.join(ckpt_dir, pair.name, role + ("-distill" if distill else ""))
+    ckpt_path = os.path.join(ckpt_dir, pair.name, name)
     if os.path.isdir(ckpt_path) and os.listdir(ckpt_path) and not resume:
         if not overwrite:
             raise SystemExit(f"checkpoints exist in {ckpt_path}: pass --resume to continue or --overwrite to restart")
@@ -363,7 +365,7 @@ def train_role(pair: PairSpec, role: str, *, steps=None, batch_size=None, seq_le
     pbar.close()
     history["wall_s"] = wall0 + time.time() - t0
     if results_dir:
-        save_curves(history, os.path.join(results_dir, pair.name, role + ("-distill" if distill else "")),
+        save_curves(history, os.path.join(results_dir, pair.name, name),
                     f"{tag}: {config.num_params / 1e6:.2f}M params")
     finished = step == steps
     if out and finished:
@@ -371,8 +373,9 @@ def train_role(pair: PairSpec, role: str, *, steps=None, batch_size=None, seq_le
                 "train_wall_s": round(history["wall_s"], 1), "num_params": config.num_params,
                 "stored_dtype": export_dtype, "data": data.describe(), "trained_context": seq_len,
                 "commands": history.get("commands", [command])}
-        export_model(config, params, os.path.join(out, pair.name, role), export_dtype, info)
-        print(f"[{tag}] exported to {os.path.join(out, pair.name, role)}", flush=True)
+        dest = os.path.join(out, pair.name, export_as or role)
+        export_model(config, params, dest, export_dtype, info)
+        print(f"[{tag}] exported to {dest}", flush=True)
     return {"params": params, "history": history, "step": step, "config": config}
 
 
@@ -405,11 +408,26 @@ def main(argv=None):
     ap.add_argument("--distill-weight", type=float, default=0.5)
     ap.add_argument("--teacher-dir", default=None,
                     help="--distill: the exported target to distil from (default: OUT/<pair>/target)")
+    ap.add_argument("--size", default=None, metavar="HIDDEN,INTERMEDIATE,LAYERS,HEADS,KV_HEADS",
+                    help="override the role's model size (e.g. 96,160,3,3,1 for a resized draft)")
+    ap.add_argument("--export-as", default=None,
+                    help="export to OUT/<pair>/<EXPORT_AS> instead of OUT/<pair>/<role> "
+                         "(e.g. drafters/ar-distilled: an extra drafter of the pair, see smcsd.available_drafters)")
     ap.add_argument("--no-progress", action="store_true")
     args = ap.parse_args(argv)
     pair = PAIRS[args.pair]
-    command = "python experiments/train_pair.py " + " ".join(sys.argv[1:] if argv is None else argv)
     roles = ["target", "draft"] if args.role == "both" else [args.role]
+    if (args.size or args.export_as) and len(roles) != 1:
+        raise SystemExit("--size / --export-as apply to one role: pass --role target or --role draft")
+    config = None
+    if args.size:
+        try:
+            hidden, inter, layers, heads, kv = (int(v) for v in args.size.split(","))
+        except ValueError:
+            raise SystemExit(f"--size must be five integers HIDDEN,INTERMEDIATE,LAYERS,HEADS,KV_HEADS, got {args.size!r}")
+        base = getattr(pair, roles[0]).config
+        config = _cfg(hidden, inter, layers, heads, kv, base.max_position_embeddings)
+    command = "python experiments/train_pair.py " + " ".join(sys.argv[1:] if argv is None else argv)
     data = make_data(pair, args.seq_len or pair.seq_len, args.seed, args.drill_frac)
     teacher = None
     for role in roles:
@@ -423,7 +441,8 @@ def main(argv=None):
                          results_dir=args.results_dir, eval_every=args.eval_every, ckpt_every=args.ckpt_every,
                          stop_after=args.stop_after, distill=args.distill and role == "draft",
                          distill_weight=args.distill_weight, teacher=teacher, progress=not args.no_progress,
-                         data=data, command=command, extend=args.extend)
+                         data=data, command=command, extend=args.extend, config=config,
+                         export_as=args.export_as)
         if role == "target":
             teacher = (res["config"], res["params"])
         print(f"[{pair.name}/{role}] {res['step']} steps, this run {time.time() - t:.0f}s wall, "
