@@ -55,7 +55,8 @@ def evaluate(target, draft, problems, *, method="ar", batch_size=64, max_new_tok
                 samples.append({"question": p.question, "output": text, "answer": p.answer, "parsed": got})
         drafted = getattr(res.stats, "num_draft_tokens", 0) or 0
         if drafted:
-            stats_acc.append((res.stats.num_accepted_tokens, drafted, res.stats.num_target_calls))
+            stats_acc.append((res.stats.num_accepted_tokens, drafted, res.stats.num_target_calls,
+                              res.stats.num_drafts))
         bar.update(len(chunk))
         bar.set_postfix(acc=f"{correct / min(i + batch_size, len(problems)):.3f}")
     bar.close()
@@ -64,8 +65,11 @@ def evaluate(target, draft, problems, *, method="ar", batch_size=64, max_new_tok
            "wall_s": round(wall, 2), "compile_s": round(compile_s, 2),
            "tokens_per_s": round(n_tokens / max(wall - compile_s, 1e-9), 1), "samples": samples}
     if stats_acc:
-        out["acceptance_rate"] = sum(a for a, _, _ in stats_acc) / sum(d for _, d, _ in stats_acc)
-        out["num_target_calls"] = int(sum(c for _, _, c in stats_acc))
+        accepted, drafted, calls, drafts = (sum(col) for col in zip(*stats_acc))
+        out["acceptance_rate"] = accepted / drafted
+        out["num_target_calls"] = int(calls)
+        # accepted draft tokens per draft block (sd: per verification of one request), the bonus not counted
+        out["mean_acceptance_length"] = accepted / max(drafts, 1)
     return out
 
 
@@ -75,6 +79,9 @@ def main(argv=None):
     ap.add_argument("--model", choices=["target", "draft"], default="target",
                     help="which model is the target of the decode ('draft' evaluates the draft alone)")
     ap.add_argument("--pair-dir", default=None, help="a directory with target/ and draft/ (default: shipped)")
+    ap.add_argument("--drafter", default=None,
+                    help="a shipped drafter of tiny-arith by name (smcsd.available_drafters('tiny-arith'), e.g. "
+                         "ar-distilled) instead of the pair's draft/")
     ap.add_argument("--num-particles", type=int, default=4)
     ap.add_argument("--num-speculative-tokens", type=int, default=4)
     ap.add_argument("--temperature", type=float, default=0.7)
@@ -89,6 +96,8 @@ def main(argv=None):
     args = ap.parse_args(argv)
 
     target, draft = load_pair(args.pair_dir)
+    if args.drafter:
+        draft = smcsd.load("tiny-arith", drafter=args.drafter)[1]
     if args.model == "draft":
         target, draft = draft, None
     problems = arith_data.test_set()[:args.limit]
@@ -101,7 +110,8 @@ def main(argv=None):
     res["settings"] = {k: v for k, v in vars(args).items() if k not in ("out", "no_progress")}
     print(json.dumps({k: v for k, v in res.items() if k != "samples"}, indent=1))
     out = args.out or report.results_path(
-        "arith", f"{args.model}_{args.method}_T{args.temperature}_n{len(problems)}.json")
+        "arith", f"{args.model}{'-' + args.drafter if args.drafter else ''}_{args.method}_T{args.temperature}"
+                 f"_n{len(problems)}.json")
     print("wrote", report.write_json(out, res))
 
 

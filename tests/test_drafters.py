@@ -308,9 +308,12 @@ def test_drafter_protocol_defaults():
 
 def test_available_drafters_and_load():
     names = smcsd.available_drafters("tiny-code")
-    assert names[0] == "ar" and "prompt-lookup" in names
+    assert names[:2] == ["ar-distilled", "ar"] and "prompt-lookup" in names  # best model drafter first
     target, draft = smcsd.load("tiny-code")
-    assert draft is smcsd.load("tiny-code", drafter="ar")[1]  # the pair's best model drafter by default
+    distilled = smcsd.load("tiny-code", drafter="ar-distilled")[1]
+    assert draft.name == distilled.name == "tiny-code/ar-distilled"  # the pair's best model drafter by default
+    assert draft.tokenizer is target.tokenizer and draft.config.vocab_size == target.config.vocab_size
+    assert smcsd.load("tiny-code", drafter="ar")[1].name != draft.name
     _, lookup = smcsd.load("tiny-code", drafter="prompt-lookup")
     assert isinstance(lookup, PromptLookup)
     with pytest.raises(ValueError, match="no drafter 'dflash'.*prompt-lookup"):

@@ -65,7 +65,9 @@ def target(meta):
     import smcsd
 
     model, draft = smcsd.load("smollm2-135m", dtype="float32")  # float32 on every backend: parity at 1e-3
-    assert draft is None
+    # the shipped distilled drafter: same vocabulary and tokenizer, stored bfloat16, loaded in the target's dtype
+    assert draft.name == "smollm2-135m/ar-distilled" and draft.tokenizer is model.tokenizer
+    assert draft.config.vocab_size == model.config.vocab_size and draft.config.dtype == "float32"
     return model
 
 

@@ -79,3 +79,22 @@ def test_code_split_is_by_file_and_deterministic():
     files = [rel for rel, _ in tp.stdlib_files()]
     held = [f for f in files if tp._is_heldout(f)]
     assert 0.02 < len(held) / len(files) < 0.09
+
+
+def test_cli_size_and_export_as(tmp_path):
+    """--size resizes the role's model and --export-as puts the export (and checkpoint) under another name: how the
+    distilled drafters of the shipped pairs are made (OUT/<pair>/drafters/ar-distilled)."""
+    out = tmp_path / "out"
+    tp.main(["--pair", "tiny-arith", "--role", "target", "--steps", "2", "--batch-size", "2", "--size", "32,48,1,2,1",
+             "--export-as", "drafters/small", "--ckpt-dir", str(tmp_path / "ckpt"), "--out", str(out),
+             "--results-dir", "", "--no-progress", "--eval-every", "2"])
+    from models.shipped import load_model_dir
+    m = load_model_dir(str(out / "tiny-arith" / "drafters" / "small"))
+    assert (m.config.hidden_size, m.config.intermediate_size, m.config.num_hidden_layers,
+            m.config.num_attention_heads, m.config.num_key_value_heads) == (32, 48, 1, 2, 1)
+    assert not (out / "tiny-arith" / "target").exists()
+    assert (tmp_path / "ckpt" / "tiny-arith" / "drafters" / "small").is_dir()
+    with pytest.raises(SystemExit, match="five integers"):
+        tp.main(["--pair", "tiny-arith", "--role", "draft", "--size", "32,48"])
+    with pytest.raises(SystemExit, match="one role"):
+        tp.main(["--pair", "tiny-arith", "--role", "both", "--size", "32,48,1,2,1"])
