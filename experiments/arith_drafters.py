@@ -9,7 +9,7 @@ For every drafter of the pair (default: the original `ar` draft and the distille
 - `sd` with K=--sd-k: acceptance rate and mean acceptance length (accepted draft tokens per draft block);
 - `smc` with N in --smc-particles, K=--smc-k: accuracy, against the target's `ar` accuracy (run once).
 Also the drafters' per-token cost relative to the target (matmul FLOPs per token: the layers' weights plus the
-LM head; embedding lookups are free). Accuracies carry a binomial standard error sqrt(a(1-a)/n).
+LM head; embedding lookups are free; attention over the context left out). Accuracies carry a binomial standard error sqrt(a(1-a)/n).
 Prints a markdown table, writes JSON (--out).
 """
 
@@ -26,15 +26,12 @@ if REPO not in sys.path:
 
 from experiments import arith_data, report  # noqa: E402
 from experiments.eval_arith import evaluate  # noqa: E402
+from experiments.roofline import matmul_params  # noqa: E402
 
 
 def flops_per_token(config) -> int:
-    """2 x the weights a token's forward multiplies by: attention projections, MLP and the LM head."""
-    d, f, L = config.hidden_size, config.intermediate_size, config.num_hidden_layers
-    hd = config.head_dim or d // config.num_attention_heads
-    attn = d * hd * (2 * config.num_attention_heads + 2 * config.num_key_value_heads)  # q, o and k, v
-    mlp = 3 * d * f
-    return 2 * (L * (attn + mlp) + d * config.vocab_size)
+    """2 x the params a token's forward multiplies by (roofline's `matmul_params`: layers and the LM head)."""
+    return 2 * matmul_params(config)
 
 
 def stderr(acc: float, n: int) -> float:

@@ -126,7 +126,7 @@ def train(args) -> None:
     init_std = float(np.std(np.asarray(params["embed_tokens"]["embedding"])))
     params["embed_tokens"]["embedding"] = jnp.asarray(proj * (init_std / proj.std()), jnp.float32)  # ... at init scale
     draft = LanguageModel(config=config, params=params, tokenizer=tok, name="smollm2-135m/ar-distilled")
-    command = "python experiments/train_smollm2_draft.py " + " ".join(sys.argv[2:] if len(sys.argv) > 2 else [])
+    command = "python experiments/train_smollm2_draft.py " + " ".join(sys.argv[1:])  # with the subcommand
     res = distill_ar_drafter(target, draft, corpus, steps=args.steps, lr=args.lr, topk=args.topk,
                              cache_dir=args.cache_dir, ckpt_dir=args.ckpt_dir, resume=args.resume,
                              overwrite=args.overwrite, out=args.out, export_dtype="bfloat16",
