@@ -252,6 +252,14 @@ def decode(
                           "(flagged in stats.all_weights_neg_inf). Use method='sd' for exact greedy decoding, or "
                           "set draft_temperature > 0 so particles explore.", stacklevel=2)
 
+    if draft is not None and mdef.needs_draft:
+        limit = draft.max_tokens_per_proposal
+        if limit is not None and K > limit:
+            raise ValueError(f"num_speculative_tokens={K} is more than {draft.describe()} drafts per proposal "
+                             f"(at most {limit}); pass num_speculative_tokens <= {limit}")
+        if mesh is not None and not draft.supports_mesh:
+            raise ValueError(f"{draft.describe()} cannot run on a mesh yet; call decode without mesh= (one device)")
+
     if messages is not None:  # a chat: rendered with the target's template, stopped at its end of turn
         prompt = _render_messages(messages, target.tokenizer)
         if eos_id is None:

@@ -2,15 +2,18 @@
 
 - `ARDrafter(model)`: a small autoregressive model (a `LanguageModel` passed as `draft=` is wrapped in it).
 - `PromptLookup()`: n-gram lookup in the prompt and output so far, no params.
+- `BlockDrafter` (DFlash): a block of drafts from one forward over [anchor, MASK x (B-1)], conditioned on the
+  target's hidden states.
 """
 
 from __future__ import annotations
 
 from .ar import ARDrafter
+from .block import BlockConfig, BlockDrafter
 from .base import Drafter, Proposal, TokenHistory, TreeProposal, initial_feed
 from .prompt_lookup import PromptLookup
 
-KINDS = {"ar": ARDrafter, "prompt-lookup": PromptLookup}
+KINDS = {"ar": ARDrafter, "prompt-lookup": PromptLookup, "dflash": BlockDrafter}
 
 
 def as_drafter(draft):
@@ -25,5 +28,5 @@ def as_drafter(draft):
                     f"or None, got {type(draft).__name__}")
 
 
-__all__ = ["ARDrafter", "Drafter", "KINDS", "PromptLookup", "Proposal", "TokenHistory", "TreeProposal",
+__all__ = ["ARDrafter", "BlockConfig", "BlockDrafter", "Drafter", "KINDS", "PromptLookup", "Proposal", "TokenHistory", "TreeProposal",
            "as_drafter", "initial_feed"]

@@ -105,12 +105,15 @@ class Drafter:
 
     Class attributes a kind sets: `kind` (its name in `smcsd.available_drafters`), `hidden_layers` (target
     layers whose hidden states `init`/`observe` receive; empty: none are computed), `full_support` (every
-    proposal gives every token positive probability, so `smc` stays consistent).
+    proposal gives every token positive probability, so `smc` stays consistent), `max_tokens_per_proposal`
+    (the largest K it drafts; None: any), `supports_mesh`.
     """
 
     kind: str = "drafter"
     hidden_layers: tuple[int, ...] = ()
     full_support: bool = True
+    max_tokens_per_proposal: int | None = None  # the largest K `propose` can draft (None: any)
+    supports_mesh: bool = True  # decode(mesh=...) can shard its params and state
 
     # ------------------------------------------------------------------ host side
     def drafter_params(self):

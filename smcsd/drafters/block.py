@@ -1,0 +1,413 @@
+"""`BlockDrafter` (DFlash, arXiv 2602.06036): a whole block of drafts from one forward pass, conditioned on the
+target's own hidden states.
+
+The network (`BlockNet`, Flax) is a few decoder layers at the target's width that share the target's token
+embedding and LM head (frozen, never stored with the drafter):
+- context: the target's hidden states at the layers `target_layers` (concatenated) -> linear (no bias) ->
+  RMSNorm; each drafter layer projects this feature with its own k/v projections (RoPE at the token's position)
+  into the drafter's own KV cache. Context slots hold target features only, never drafted tokens.
+- block: [anchor, MASK x (B-1)] at positions anchor_pos .. anchor_pos+B-1 (the anchor is the pending token,
+  which the target has not processed yet; MASK is a learned embedding). Queries attend to every context slot
+  before the anchor and, bidirectionally, to the whole block. Position k (1 <= k < B) predicts the token at
+  anchor_pos + k. The block always has B positions (what training saw); K <= B-1 of them are used.
+
+Decoding (`Drafter` contract, smcsd/drafters/base.py): `propose` is one forward whatever K; each x_k is drawn
+independently from its position's processed distribution q_k, so the joint proposal factorises and the
+per-position rejection test of `sd` / `sd-multi` stays exact; `smc` weights with the same q_k. `observe` writes
+the context K/V of the verified positions from the hidden states the verification call returned (no second
+target pass). Length bookkeeping mirrors `ARDrafter` (after `propose` the state is as long as if the fed tokens
+and x_1..x_{K-1} had been consumed), so every method's rollback arithmetic applies unchanged; the context the
+block sees is `lengths + feed_count - 1` slots, the committed target length.
+
+Training (`block_logits` over many anchors of a teacher-forced sequence in one pass) lives with the losses in
+`smcsd/train/`; `reference_logits` is the cache-free form of a single proposal, used to check decoding.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from typing import Sequence
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from models import KVCache, ModelConfig, init_cache
+from models.rope import apply_rope, inverse_frequencies, rope_tables
+from models.transformer import MLP, RMSNorm, _dense
+
+from ..sampling import process_logits, sample
+from .base import Drafter, Proposal, check_hidden_layers
+
+_NEG = -1e30
+
+
+def default_target_layers(num_target_layers: int, count: int = 5) -> tuple[int, ...]:
+    """`count` target layers spread from layer 1 to L-3 (DFlash's choice), fewer on shallow targets."""
+    L = int(num_target_layers)
+    lo, hi = (1, L - 3) if L >= 5 else (0, L - 1)
+    count = max(1, min(count, hi - lo + 1))
+    return tuple(int(round(x)) for x in np.linspace(lo, hi, count))
+
+
+@dataclasses.dataclass(frozen=True)
+class BlockConfig:
+    """Static shape of a block drafter: `model` gives its decoder layers' dimensions (hidden size and vocabulary
+    are the target's; `num_hidden_layers` is the drafter's depth), `target_layers` the target layers whose hidden
+    states form its context, `block_size` B (one anchor + B-1 masks)."""
+
+    model: ModelConfig
+    target_layers: tuple[int, ...]
+    block_size: int = 16
+
+    def __post_init__(self):
+        object.__setattr__(self, "target_layers", tuple(int(i) for i in self.target_layers))
+        if not isinstance(self.block_size, int) or self.block_size < 2:
+            raise ValueError(f"block_size must be an int >= 2 (an anchor and at least one mask), got {self.block_size!r}")
+        if not self.target_layers:
+            raise ValueError("target_layers must name at least one target layer")
+
+    @property
+    def context_size(self) -> int:
+        return len(self.target_layers) * self.model.hidden_size
+
+    def to_dict(self) -> dict:
+        return {"model": dataclasses.asdict(self.model), "target_layers": list(self.target_layers),
+                "block_size": self.block_size}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "BlockConfig":
+        return cls(model=ModelConfig(**d["model"]), target_layers=tuple(d["target_layers"]),
+                   block_size=int(d["block_size"]))
+
+
+def _attend(q, parts, dt):
+    """Grouped-query attention of `q [R, T, Hq, D]` over several key/value groups `parts = [(k [R, S_i, Hkv, D],
+    v, mask [R, T, S_i])]` with one softmax across all of them (the context cache and the block are never
+    concatenated: that would copy the cache every layer). Returns `[R, T, Hq*D]`."""
+    R, T, hq, hd = q.shape
+    hk = parts[0][0].shape[2]
+    qg = q.reshape(R, T, hk, hq // hk, hd)
+    scores = [jnp.where(m[:, None, None], jnp.einsum("rtkgd,rskd->rkgts", qg, k.astype(qg.dtype),
+                                                     preferred_element_type=jnp.float32) * hd ** -0.5, _NEG)
+              for k, _, m in parts]
+    sizes = [s.shape[-1] for s in scores]
+    probs = jax.nn.softmax(jnp.concatenate(scores, axis=-1), axis=-1).astype(dt)
+    out, at = 0.0, 0
+    for (_, v, _), n in zip(parts, sizes):
+        out = out + jnp.einsum("rkgts,rskd->rtkgd", probs[..., at:at + n], v.astype(dt))
+        at += n
+    return out.reshape(R, T, hq * hd)
+
+
+class BlockLayer(nn.Module):
+    """Pre-norm decoder layer whose attention reads the context K/V (projected target features) and the block."""
+
+    config: ModelConfig
+    init_std: float
+
+    def setup(self):
+        c, dt, std = self.config, self.config.jnp_dtype, self.init_std
+        hq, hk, hd = c.num_attention_heads, c.num_key_value_heads, c.head_dim
+        self.q_proj = _dense(hq * hd, "q_proj", dt, std, c.attention_bias)
+        self.k_proj = _dense(hk * hd, "k_proj", dt, std, c.attention_bias)
+        self.v_proj = _dense(hk * hd, "v_proj", dt, std, c.attention_bias)
+        self.o_proj = _dense(c.hidden_size, "o_proj", dt, std)
+        self.input_layernorm = RMSNorm(c.rms_norm_eps, dt)
+        self.post_attention_layernorm = RMSNorm(c.rms_norm_eps, dt)
+        self.mlp = MLP(c, std)
+
+    def kv(self, x, cos, sin):
+        """Keys (roped) and values `[R, T, Hkv, D]` of features `x [R, T, H]`."""
+        c = self.config
+        R, T, _ = x.shape
+        k = self.k_proj(x).reshape(R, T, c.num_key_value_heads, c.head_dim)
+        v = self.v_proj(x).reshape(R, T, c.num_key_value_heads, c.head_dim)
+        return apply_rope(k, cos, sin), v
+
+    def __call__(self, x, cos, sin, ctx_k, ctx_v, ctx_mask, blk_mask):
+        c, dt = self.config, self.config.jnp_dtype
+        R, T, _ = x.shape
+        h = self.input_layernorm(x)
+        q = apply_rope(self.q_proj(h).reshape(R, T, c.num_attention_heads, c.head_dim), cos, sin)
+        k, v = self.kv(h, cos, sin)
+        a = _attend(q, [(ctx_k, ctx_v, ctx_mask), (k, v, blk_mask)], dt)
+        x = x + self.o_proj(a)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class BlockNet(nn.Module):
+    """The block drafter's own weights: context projection, mask embedding, decoder layers, final norm."""
+
+    config: BlockConfig
+    init_std: float = 0.02
+
+    def setup(self):
+        c = self.config.model
+        dt = c.jnp_dtype
+        self.fc = _dense(c.hidden_size, "fc", dt, self.init_std)
+        self.context_norm = RMSNorm(c.rms_norm_eps, dt)
+        self.mask_embedding = self.param("mask_embedding", nn.initializers.normal(self.init_std), (c.hidden_size,), dt)
+        self.layers = [BlockLayer(c, self.init_std, name=f"layers_{i}") for i in range(c.num_hidden_layers)]
+        self.norm = RMSNorm(c.rms_norm_eps, dt)
+
+    def _rope(self, positions):
+        c = self.config.model
+        return rope_tables(positions, inverse_frequencies(c.head_dim, c.rope_theta, c.rope_scaling))
+
+    def context_kv(self, hidden, positions):
+        """Per drafter layer `(k, v) [R, T, Hkv, D]` of target hidden states `hidden [R, T, n*H]` at `positions`."""
+        f = self.context_norm(self.fc(hidden.astype(self.config.model.jnp_dtype)))
+        cos, sin = self._rope(positions)
+        return [layer.kv(f, cos, sin) for layer in self.layers]
+
+    def block_hidden(self, x, positions, ctx, ctx_mask, blk_mask):
+        """Final-normed hidden states of block inputs `x [R, T, H]` at `positions [R, T]`; `ctx` per layer
+        `(k, v) [R, S, Hkv, D]`, `ctx_mask [R, T, S]`, `blk_mask [R, T, T]`."""
+        cos, sin = self._rope(positions)
+        for layer, (k, v) in zip(self.layers, ctx):
+            x = layer(x, cos, sin, k, v, ctx_mask, blk_mask)
+        return self.norm(x)
+
+    def __call__(self, hidden, positions, x, block_positions, ctx_mask, blk_mask):
+        """Context and block in one call (what `init` traces to create every parameter)."""
+        return self.block_hidden(x, block_positions, self.context_kv(hidden, positions), ctx_mask, blk_mask)
+
+
+def head_params(target) -> dict:
+    """The target's token embedding and LM head (the same array when tied): what a block drafter shares."""
+    p, c = target.params, target.config
+    embed = p["embed_tokens"]["embedding"]
+    return {"embed": embed, "head": embed if c.tie_word_embeddings else p["lm_head"]}
+
+
+def _embed_block(net_params, shared, anchors, block_size: int, dt):
+    """Block inputs `[R, B, H]`: the anchor token's embedding, then the mask embedding B-1 times."""
+    a = jnp.take(shared["embed"], anchors, axis=0).astype(dt)[:, None, :]
+    m = jnp.broadcast_to(net_params["mask_embedding"].astype(dt), (anchors.shape[0], block_size - 1, a.shape[-1]))
+    return jnp.concatenate([a, m], axis=1)
+
+
+def _logits(h, shared):
+    return jnp.einsum("rtd,vd->rtv", h, shared["head"].astype(h.dtype), preferred_element_type=jnp.float32)
+
+
+@dataclasses.dataclass(frozen=True, init=False)
+class BlockDrafter(Drafter):
+    """DFlash block drafter. `BlockDrafter(config, params)`; `.bind(target)` (what `decode` does) attaches the
+    target's embedding and LM head. Build one with `BlockDrafter.create(target, ...)` or `BlockDrafter.load(path)`."""
+
+    block_config: BlockConfig
+    params: dict | None = dataclasses.field(compare=False, hash=False, repr=False)
+    shared: dict | None = dataclasses.field(compare=False, hash=False, repr=False)
+    name: str = dataclasses.field(compare=False, hash=False, default="dflash")
+
+    kind = "dflash"
+
+    def __init__(self, config: BlockConfig, params=None, shared=None, name: str = "dflash"):
+        if not isinstance(config, BlockConfig):
+            raise TypeError(f"BlockDrafter takes a BlockConfig, got {type(config).__name__}")
+        object.__setattr__(self, "block_config", config)
+        object.__setattr__(self, "params", params)
+        object.__setattr__(self, "shared", shared)
+        object.__setattr__(self, "name", name)
+
+    def __repr__(self):
+        c = self.block_config
+        return (f"BlockDrafter({self.name!r}, layers={c.model.num_hidden_layers}, hidden={c.model.hidden_size}, "
+                f"block_size={c.block_size}, target_layers={c.target_layers})")
+
+    # ------------------------------------------------------------------ construction
+    @classmethod
+    def create(cls, target, *, num_layers: int = 1, block_size: int = 16, target_layers: Sequence[int] | None = None,
+             intermediate_size: int | None = None, seed: int = 0, init_std: float = 0.02,
+             name: str = "dflash") -> "BlockDrafter":
+        """A randomly initialised block drafter for `target` (a `models.LanguageModel`): its width, heads and
+        RoPE are the target's; `target_layers` defaults to `default_target_layers`."""
+        tc = target.config
+        if not isinstance(num_layers, int) or num_layers < 1:
+            raise ValueError(f"num_layers must be an int >= 1, got {num_layers!r}")
+        layers = check_hidden_layers(default_target_layers(tc.num_hidden_layers) if target_layers is None
+                                     else target_layers, tc.num_hidden_layers, "BlockDrafter")
+        model = dataclasses.replace(tc, num_hidden_layers=num_layers,
+                                    intermediate_size=intermediate_size or tc.intermediate_size)
+        config = BlockConfig(model=model, target_layers=layers, block_size=block_size)
+        net = BlockNet(config, init_std)
+        H, R, B = model.hidden_size, 1, block_size
+        pos = jnp.zeros((R, 1), jnp.int32)
+        params = net.init(jax.random.PRNGKey(seed), jnp.zeros((R, 1, config.context_size), model.jnp_dtype), pos,
+                          jnp.zeros((R, B, H), model.jnp_dtype), jnp.zeros((R, B), jnp.int32),
+                          jnp.ones((R, B, 1), bool), jnp.ones((R, B, B), bool))["params"]
+        return cls(config, params, name=name).bind(target)
+
+    @property
+    def num_params(self) -> int:
+        return int(sum(np.size(x) for x in jax.tree_util.tree_leaves(self.params)))
+
+    def save(self, path: str) -> None:
+        """`config.json` + `model.safetensors` (the drafter's own weights; the shared embedding/head are not stored)."""
+        from safetensors.numpy import save_file
+        os.makedirs(path, exist_ok=True)
+        flat = {"/".join(str(getattr(k, "key", k)) for k in kp): np.asarray(v)
+                for kp, v in jax.tree_util.tree_flatten_with_path(self.params)[0]}
+        dtype = self.block_config.model.dtype
+        if dtype == "bfloat16":  # safetensors.numpy has no bfloat16: store float32 bits via ml_dtypes-aware jax
+            flat = {k: np.asarray(v, np.float32) for k, v in flat.items()}
+        save_file(flat, os.path.join(path, "model.safetensors"))
+        with open(os.path.join(path, "config.json"), "w") as f:
+            json.dump({"drafter": "dflash", **self.block_config.to_dict()}, f, indent=2)
+
+    @classmethod
+    def load(cls, path: str, dtype: str | None = None, name: str | None = None) -> "BlockDrafter":
+        """A block drafter saved by `save` (unbound: `decode` binds it to the target)."""
+        from safetensors.numpy import load_file
+        cfg_path = os.path.join(path, "config.json")
+        if not os.path.isfile(cfg_path):
+            raise ValueError(f"no block drafter at {path!r} (config.json missing)")
+        with open(cfg_path) as f:
+            d = json.load(f)
+        if d.get("drafter") != "dflash":
+            raise ValueError(f"{cfg_path} is not a block (dflash) drafter's config")
+        config = BlockConfig.from_dict(d)
+        if dtype is not None:
+            config = dataclasses.replace(config, model=dataclasses.replace(config.model, dtype=dtype))
+        params: dict = {}
+        for k, v in load_file(os.path.join(path, "model.safetensors")).items():
+            node = params
+            *parents, leaf = k.split("/")
+            for p in parents:
+                node = node.setdefault(p, {})
+            node[leaf] = jnp.asarray(v, config.model.jnp_dtype)
+        return cls(config, params, name=name or os.path.basename(os.path.normpath(path)))
+
+    def astype(self, dtype: str) -> "BlockDrafter":
+        config = dataclasses.replace(self.block_config, model=dataclasses.replace(self.block_config.model, dtype=dtype))
+        params = jax.tree_util.tree_map(lambda a: jnp.asarray(a, config.model.jnp_dtype), self.params)
+        return BlockDrafter(config, params, self.shared, self.name)
+
+    # ------------------------------------------------------------------ host side
+    @property
+    def hidden_layers(self) -> tuple[int, ...]:
+        return self.block_config.target_layers
+
+    @property
+    def config(self):
+        return None  # no mesh sharding rules for a block drafter's params yet (decode refuses a mesh)
+
+    @property
+    def vocab_size(self) -> int:
+        return self.block_config.model.vocab_size
+
+    @property
+    def dtype(self) -> str:
+        return self.block_config.model.dtype
+
+    @property
+    def max_len(self) -> int:
+        return self.block_config.model.max_position_embeddings
+
+    def describe(self) -> str:
+        return f"dflash:{self.name}"
+
+    def calls_per_proposal(self, num_tokens: int) -> int:
+        return 1
+
+    @property
+    def max_tokens_per_proposal(self) -> int:
+        return self.block_config.block_size - 1
+
+    supports_mesh = False
+
+    def bind(self, target) -> "BlockDrafter":
+        c, tc = self.block_config.model, target.config
+        if c.vocab_size != tc.vocab_size:
+            raise ValueError(f"block drafter and target vocabularies differ (drafter vocab_size={c.vocab_size}, "
+                             f"target {tc.vocab_size}); a block drafter is trained for one target")
+        if c.hidden_size != tc.hidden_size:
+            raise ValueError(f"block drafter width {c.hidden_size} != target hidden_size {tc.hidden_size}: it shares "
+                             "the target's embedding and LM head, so it must be trained for this target")
+        check_hidden_layers(self.block_config.target_layers, tc.num_hidden_layers, "this block drafter")
+        if self.params is None:
+            raise ValueError("this BlockDrafter has no params; build it with BlockDrafter.create or BlockDrafter.load")
+        return BlockDrafter(self.block_config, self.params, head_params(target), self.name)
+
+    def drafter_params(self):
+        if self.shared is None:
+            raise ValueError("bind the block drafter to its target first (drafter.bind(target))")
+        return {"net": self.params, **self.shared}
+
+    def _net(self) -> BlockNet:
+        return BlockNet(self.block_config)
+
+    # ------------------------------------------------------------------ traced
+    def _context_kv(self, params, hidden, positions):
+        return self._net().apply({"params": params["net"]}, hidden, positions, method=BlockNet.context_kv)
+
+    def init(self, params, prompt, prompt_len, cache_len, rows_per_prompt, target_hidden=None):
+        c = self.block_config.model
+        B, Tp = prompt.shape
+        state = init_cache(c.num_hidden_layers, B, cache_len, c.num_key_value_heads, c.head_dim, c.jnp_dtype)
+        state = self.write_context(params, state, target_hidden, jnp.zeros((B,), jnp.int32))
+        state = state.set_lengths(prompt_len)
+        return state.repeat(rows_per_prompt) if rows_per_prompt > 1 else state
+
+    def write_context(self, params, state: KVCache, hidden, start) -> KVCache:
+        """Context K/V of `hidden [R, T, n*H]` written at slots `start[r] .. start[r]+T-1` (lengths untouched)."""
+        T = hidden.shape[1]
+        positions = start[:, None] + jnp.arange(T, dtype=jnp.int32)[None, :]
+        kv = self._context_kv(params, hidden, positions)
+        rows = jnp.arange(hidden.shape[0])[:, None]
+        k = jnp.stack([state.k[i].at[rows, positions].set(k_.astype(state.k.dtype), mode="drop")
+                       for i, (k_, _) in enumerate(kv)])
+        v = jnp.stack([state.v[i].at[rows, positions].set(v_.astype(state.v.dtype), mode="drop")
+                       for i, (_, v_) in enumerate(kv)])
+        return state.replace(k=k, v=v)
+
+    def block_logits_at(self, params, state: KVCache, anchors, ctx_len, num_tokens: int):
+        """Logits `[R, num_tokens, V]` of block positions 1..num_tokens for `anchors [R]` at positions `ctx_len`,
+        attending to the first `ctx_len[r]` context slots of `state`."""
+        c, B = self.block_config.model, self.block_config.block_size
+        R, S = anchors.shape[0], state.max_len
+        x = _embed_block(params["net"], params, anchors, B, c.jnp_dtype)
+        positions = ctx_len[:, None] + jnp.arange(B, dtype=jnp.int32)[None, :]
+        ctx = [(state.k[i], state.v[i]) for i in range(c.num_hidden_layers)]
+        ctx_mask = jnp.broadcast_to((jnp.arange(S)[None, :] < ctx_len[:, None])[:, None, :], (R, B, S))
+        blk_mask = jnp.ones((R, B, B), bool)
+        h = self._net().apply({"params": params["net"]}, x, positions, ctx, ctx_mask, blk_mask,
+                              method=BlockNet.block_hidden)
+        return _logits(h[:, 1:num_tokens + 1], params)
+
+    def propose(self, params, state, feed, feed_count, key, sampling, num_tokens: int) -> Proposal:
+        B = self.block_config.block_size
+        if num_tokens > B - 1:
+            raise ValueError(f"num_speculative_tokens={num_tokens} exceeds what this block drafter predicts in one "
+                             f"pass (block_size - 1 = {B - 1}); use K <= {B - 1}")
+        anchors = jnp.take_along_axis(feed, (feed_count - 1)[:, None], axis=1)[:, 0]
+        ctx_len = state.lengths + feed_count - 1
+        logq = process_logits(self.block_logits_at(params, state, anchors, ctx_len, num_tokens), sampling)
+        tokens = sample(key, logq)
+        # as if the fed tokens and x_1..x_{K-1} were consumed (ARDrafter's arithmetic; see the module docstring)
+        return Proposal(tokens, logq, state.set_lengths(state.lengths + feed_count + num_tokens - 1))
+
+    def observe(self, params, state, tokens, target_hidden, start, num_valid):
+        del tokens, num_valid  # slots past the committed length are masked by the lengths the method sets
+        return self.write_context(params, state, target_hidden, start)
+
+
+def reference_logits(drafter: BlockDrafter, target_hidden, anchor_pos: int, anchor_token, num_tokens: int):
+    """Cache-free reference of one proposal: logits `[R, num_tokens, V]` of a block anchored at `anchor_pos`
+    (the same for every row) with `anchor_token [R]`, from the target's hidden states `target_hidden [R, T, n*H]`
+    of positions 0..T-1 (only those before `anchor_pos` are context)."""
+    c, B = drafter.block_config.model, drafter.block_config.block_size
+    params = drafter.drafter_params()
+    R, T, _ = target_hidden.shape
+    net = BlockNet(drafter.block_config)
+    pos = jnp.broadcast_to(jnp.arange(T, dtype=jnp.int32), (R, T))
+    x = _embed_block(params["net"], params, jnp.asarray(anchor_token, jnp.int32), B, c.jnp_dtype)
+    bpos = jnp.broadcast_to(anchor_pos + jnp.arange(B, dtype=jnp.int32), (R, B))
+    ctx_mask = jnp.broadcast_to((jnp.arange(T) < anchor_pos)[None, None, :], (R, B, T))
+    h = net.apply({"params": params["net"]}, target_hidden, pos, x, bpos, ctx_mask, jnp.ones((R, B, B), bool))
+    return _logits(h[:, 1:num_tokens + 1], params)
