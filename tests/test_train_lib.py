@@ -100,9 +100,17 @@ def test_block_position_weights_on_hand_examples():
     np.testing.assert_allclose(losses.dflash_weights(3, gamma=1e9), [1, 1, 1], rtol=1e-6)
     with pytest.raises(ValueError, match="gamma"):
         losses.dflash_weights(3, gamma=0.0)
-    np.testing.assert_allclose(losses.dpace_weights(np.array([0.5, 0.8, 0.9])), [1.0, 0.5, 0.4], rtol=1e-6)
-    np.testing.assert_allclose(losses.dpace_weights(np.array([[1.0, 0.5], [0.2, 0.3]])), [[1, 1], [1, 0.2]],
+    # D-PACE, a = 0.5: s = [0.75, 0.9, 0.95], P = [0.75, 0.675, 0.64125], w_k = sum of P_j for j >= k
+    P = np.array([0.75, 0.75 * 0.9, 0.75 * 0.9 * 0.95])
+    np.testing.assert_allclose(losses.dpace_weights(np.array([0.5, 0.8, 0.9])), [P.sum(), P[1:].sum(), P[2]],
                                rtol=1e-6)
+    # a masked position has s = 1 and adds nothing to the sums; a = 1 ignores q (w_k = number of valid j >= k)
+    np.testing.assert_allclose(losses.dpace_weights(np.array([0.5, 0.8, 0.9]), np.array([1, 0, 1])),
+                               [0.75 + 0.75 * 0.95, 0.75 * 0.95, 0.75 * 0.95], rtol=1e-6)
+    np.testing.assert_allclose(losses.dpace_weights(np.array([[0.1, 0.2], [0.3, 0.4]]), a=1.0), [[2, 1], [2, 1]])
+    with pytest.raises(ValueError, match="a must be"):
+        losses.dpace_weights(np.array([0.5]), a=1.5)
+    assert losses.dflash_gamma(16) == 7 and losses.dflash_gamma(8) == 4 and losses.dflash_gamma(4) == 3
     np.testing.assert_allclose(losses.cat_weights(np.log(np.array([0.5, 0.25, 0.9]))), [1.0, 0.5, 0.125], rtol=1e-6)
     np.testing.assert_array_equal(losses.valid_prefix_mask(np.array([True, False, True, True])), [1, 1, 0, 0])
     np.testing.assert_array_equal(losses.valid_prefix_mask(np.array([[0, 1, 1], [1, 1, 1]])), [[1, 0, 0], [1, 1, 1]])

@@ -235,35 +235,46 @@ class BlockDrafter(Drafter):
         model = dataclasses.replace(tc, num_hidden_layers=num_layers,
                                     intermediate_size=intermediate_size or tc.intermediate_size)
         config = BlockConfig(model=model, target_layers=layers, block_size=block_size)
-        net = BlockNet(config, init_std)
-        H, R, B = model.hidden_size, 1, block_size
-        pos = jnp.zeros((R, 1), jnp.int32)
-        params = net.init(jax.random.PRNGKey(seed), jnp.zeros((R, 1, config.context_size), model.jnp_dtype), pos,
-                          jnp.zeros((R, B, H), model.jnp_dtype), jnp.zeros((R, B), jnp.int32),
-                          jnp.ones((R, B, 1), bool), jnp.ones((R, B, B), bool))["params"]
-        return cls(config, params, name=name).bind(target)
+        return cls(config, cls._init_params(config, seed, init_std), name=name).bind(target)
+
+    @staticmethod
+    def _init_params(config: BlockConfig, seed: int, init_std: float):
+        model, B = config.model, config.block_size
+        dt = model.jnp_dtype
+        return BlockNet(config, init_std).init(
+            jax.random.PRNGKey(seed), jnp.zeros((1, 1, config.context_size), dt), jnp.zeros((1, 1), jnp.int32),
+            jnp.zeros((1, B, model.hidden_size), dt), jnp.zeros((1, B), jnp.int32), jnp.ones((1, B, 1), bool),
+            jnp.ones((1, B, B), bool))["params"]
 
     @property
     def num_params(self) -> int:
         return int(sum(np.size(x) for x in jax.tree_util.tree_leaves(self.params)))
 
-    def save(self, path: str) -> None:
-        """`config.json` + `model.safetensors` (the drafter's own weights; the shared embedding/head are not stored)."""
+    def save(self, path: str, dtype: str = "float32", info: dict | None = None) -> None:
+        """`config.json` + `model.safetensors` (the drafter's own weights in `dtype`, float32 or bfloat16; the
+        shared embedding / LM head are the target's and not stored) + `training.json` (`info`, if given)."""
         from safetensors.numpy import save_file
+
+        from ..train.loop import flatten_params
+        if dtype not in ("float32", "bfloat16"):
+            raise ValueError(f"save dtype must be 'float32' or 'bfloat16', got {dtype!r}")
         os.makedirs(path, exist_ok=True)
-        flat = {"/".join(str(getattr(k, "key", k)) for k in kp): np.asarray(v)
-                for kp, v in jax.tree_util.tree_flatten_with_path(self.params)[0]}
-        dtype = self.block_config.model.dtype
-        if dtype == "bfloat16":  # safetensors.numpy has no bfloat16: store float32 bits via ml_dtypes-aware jax
-            flat = {k: np.asarray(v, np.float32) for k, v in flat.items()}
-        save_file(flat, os.path.join(path, "model.safetensors"))
+        flat = {k: np.asarray(v, np.float32) for k, v in flatten_params(self.params).items()}
+        if dtype == "bfloat16":
+            import ml_dtypes
+            flat = {k: v.astype(ml_dtypes.bfloat16) for k, v in flat.items()}
+        save_file(flat, os.path.join(path, "model.safetensors"), metadata={"format": "smcsd-dflash"})
         with open(os.path.join(path, "config.json"), "w") as f:
             json.dump({"drafter": "dflash", **self.block_config.to_dict()}, f, indent=2)
+        if info is not None:
+            with open(os.path.join(path, "training.json"), "w") as f:
+                json.dump(info, f, indent=2)
 
     @classmethod
     def load(cls, path: str, dtype: str | None = None, name: str | None = None) -> "BlockDrafter":
-        """A block drafter saved by `save` (unbound: `decode` binds it to the target)."""
-        from safetensors.numpy import load_file
+        """A block drafter saved by `save` (unbound: `decode` binds it to the target). `dtype` overrides the
+        compute dtype (default: the config's, float32)."""
+        from models.shipped import _read_tensors, _unflatten
         cfg_path = os.path.join(path, "config.json")
         if not os.path.isfile(cfg_path):
             raise ValueError(f"no block drafter at {path!r} (config.json missing)")
@@ -274,13 +285,13 @@ class BlockDrafter(Drafter):
         config = BlockConfig.from_dict(d)
         if dtype is not None:
             config = dataclasses.replace(config, model=dataclasses.replace(config.model, dtype=dtype))
-        params: dict = {}
-        for k, v in load_file(os.path.join(path, "model.safetensors")).items():
-            node = params
-            *parents, leaf = k.split("/")
-            for p in parents:
-                node = node.setdefault(p, {})
-            node[leaf] = jnp.asarray(v, config.model.jnp_dtype)
+        tensors = _read_tensors(os.path.join(path, "model.safetensors"))
+        params = _unflatten({k: jnp.asarray(np.asarray(v, np.float32), config.model.jnp_dtype)
+                             for k, v in tensors.items()})
+        expected = jax.eval_shape(lambda: BlockDrafter._init_params(config, 0, 0.02))
+        if jax.tree_util.tree_structure(expected) != jax.tree_util.tree_structure(params) or any(
+                a.shape != b.shape for a, b in zip(jax.tree_util.tree_leaves(expected), jax.tree_util.tree_leaves(params))):
+            raise ValueError(f"the weights in {path} do not match its config.json (tensor names or shapes differ)")
         return cls(config, params, name=name or os.path.basename(os.path.normpath(path)))
 
     def astype(self, dtype: str) -> "BlockDrafter":

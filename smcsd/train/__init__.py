@@ -12,10 +12,13 @@
   SpecBlock's valid-prefix mask, `weighted_mean`.
 - `loop`: `train` (AdamW, warmup + cosine, clipping, exact orbax resume, tqdm, JSON + PNG curves),
   `export_model`, and the AR-drafter recipe `distill_ar_drafter`.
+- `block`: the block-drafter (DFlash) recipe `train_block_drafter` with DFlash, D-PACE or uniform position
+  weights over many anchored blocks per sequence in one pass.
 - `cli`: the `train-drafter` subcommand (`add_parser`, `run`).
 """
 
 from . import losses
+from .block import train_block_drafter
 from .data import TeacherStream, TextCorpus, check_vocab, params_fingerprint, read_texts
 from .loop import (TrainResult, ar_distill_loss, checkpoint_manager, distill_ar_drafter, draft_config_for,
                    export_model, flatten_params, make_optimizer, restore_checkpoint, save_checkpoint, save_curves,
@@ -25,4 +28,5 @@ __all__ = [
     "TeacherStream", "TextCorpus", "TrainResult", "ar_distill_loss", "check_vocab", "checkpoint_manager",
     "distill_ar_drafter", "draft_config_for", "export_model", "flatten_params", "losses", "make_optimizer",
     "params_fingerprint", "read_texts", "restore_checkpoint", "save_checkpoint", "save_curves", "train",
+    "train_block_drafter",
 ]

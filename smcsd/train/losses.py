@@ -5,7 +5,8 @@ Three kinds of pieces, all shape-polymorphic over leading axes (`[B, T]`, `[B, T
 - per-position losses, `[...]` from logits `[..., V]`: `token_cross_entropy` (gold tokens),
   `token_forward_kl` (full target log-probs) and `token_forward_kl_topk` (renormalised top-k teacher);
 - per-position *weights* for block drafters that predict K positions at once (k = 1..K, last axis):
-  `uniform_weights`, `dflash_weights`, `dpace_weights`, `cat_weights`, and SpecBlock's `valid_prefix_mask`;
+  `uniform_weights`, `dflash_weights` (`dflash_gamma`), `dpace_weights`, `cat_weights`, and SpecBlock's
+  `valid_prefix_mask`;
 - reductions: `masked_mean` and `weighted_mean(per_pos_loss, weights, mask)`.
 
 `cross_entropy`, `forward_kl` and `forward_kl_topk` are the masked means of the per-position
@@ -24,7 +25,7 @@ import jax
 import jax.numpy as jnp
 
 __all__ = [
-    "cat_weights", "cross_entropy", "dflash_weights", "dpace_weights", "forward_kl", "forward_kl_topk",
+    "cat_weights", "cross_entropy", "dflash_gamma", "dflash_weights", "dpace_weights", "forward_kl", "forward_kl_topk",
     "masked_mean", "token_cross_entropy", "token_forward_kl", "token_forward_kl_topk", "uniform_weights",
     "valid_prefix_mask", "weighted_mean",
 ]
@@ -119,6 +120,12 @@ def uniform_weights(K: int):
     return jnp.ones((K,), jnp.float32)
 
 
+def dflash_gamma(block_size: int) -> float:
+    """DFlash's decay γ for a block of `block_size` (anchor + B−1 predictions): 7 / 5 / 4 for B = 16 / 10 / 8 as
+    released; other sizes use γ = (B + 5) / 3 (exact at 16 and 10, 4.3 at 8), at least 1."""
+    return {16: 7.0, 10: 5.0, 8: 4.0}.get(int(block_size), max(1.0, (block_size + 5) / 3))
+
+
 def dflash_weights(K: int, gamma: float):
     """w_k = exp(−(k − 1)/γ), k = 1..K (DFlash, block-diffusion drafter training).
 
@@ -137,14 +144,25 @@ def _exclusive_cumprod(x):
     return jnp.cumprod(jnp.concatenate([ones, x[..., :-1]], axis=-1), axis=-1)
 
 
-def dpace_weights(accept_probs):
-    """w_k = Π_{j<k} a_j (D-PACE): the probability that verification *reaches* position k.
+def dpace_weights(gold_prob, mask=None, a: float = 0.5):
+    """D-PACE per-position weights (arXiv 2605.18810): how much the accepted length depends on position k.
 
-    `accept_probs [..., K]`: per-position acceptance estimates a_j ∈ [0, 1] (e.g. Σ_x min(p_T, q) at
-    position j, or a running average); w_1 = 1. Stop-gradient: the weights are not trained.
+    `gold_prob [..., K]`: the drafter's probability of the gold token at block positions k = 1..K; `mask`
+    (same shape, default all valid) marks positions with a gold token. With s_k = (1 − a)·q_k + a (s = 1 where
+    masked out), P_k = Π_{j≤k} s_j (a smoothed probability that the block is still accepted at k) and
+    w_k = Σ_{j≥k} m_j·P_j: an error at k forfeits the expected acceptance of every later position too, so early
+    positions weigh most. Stop-gradient. D-PACE's loss is Σ m·w·CE divided by the number of blocks, not by Σ w
+    (`weighted_mean(..., normalize=False)` divides by Σ m instead; `block_loss` in smcsd/train/block.py does it
+    the paper's way).
     """
-    a = jax.lax.stop_gradient(jnp.asarray(accept_probs, jnp.float32))
-    return _exclusive_cumprod(a)
+    if not 0 <= a <= 1:
+        raise ValueError(f"dpace_weights: a must be in [0, 1], got {a!r}")
+    q = jax.lax.stop_gradient(jnp.asarray(gold_prob, jnp.float32))
+    m = jnp.ones_like(q) if mask is None else jnp.broadcast_to(jnp.asarray(mask, jnp.float32), q.shape)
+    s = jnp.where(m > 0, (1.0 - a) * q + a, 1.0)
+    P = jnp.cumprod(s, axis=-1)
+    mp = m * P
+    return jax.lax.stop_gradient(jnp.flip(jnp.cumsum(jnp.flip(mp, -1), axis=-1), -1))  # Σ_{j≥k} m_j P_j
 
 
 def cat_weights(target_gold_logp):
