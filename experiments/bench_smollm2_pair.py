@@ -2,6 +2,7 @@
 
     python experiments/bench_smollm2_pair.py                          # drafter ar-distilled, batch 1, T=0.7
     python experiments/bench_smollm2_pair.py --sd-ks 3 4 --smc 2:3 4:3 --repeats 2
+    python experiments/bench_smollm2_pair.py --drafters ar-distilled dflash-dpace --sd-ks 3 4 8 --smc 2:4
 
 Prompts: chat requests that are not in the drafter's training corpus (other topics and tasks than
 `experiments/data/smollm2_chat.jsonl`), batch 1, stop at the end of turn or `--max-new-tokens`. Every cell is
@@ -46,7 +47,8 @@ def parse_cell(spec: str) -> tuple[int, int]:
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--drafter", default=None, help="a drafter name of the pair (default: its best, ar-distilled)")
+    ap.add_argument("--drafters", nargs="+", default=None,
+                    help="drafter names of the pair, each run with every sd / smc cell (default: its best)")
     ap.add_argument("--sd-ks", type=int, nargs="*", default=[2, 3, 4, 6])
     ap.add_argument("--smc", nargs="*", default=["1:3", "2:3", "2:4", "4:3"], help="N:K cells for smc")
     ap.add_argument("--temperature", type=float, default=0.7)
@@ -58,19 +60,24 @@ def main(argv=None):
 
     import smcsd
 
-    target, drafter = smcsd.load("smollm2-135m", drafter=args.drafter)
-    if drafter is None:
-        raise SystemExit("smollm2-135m has no model drafter here: train one with experiments/train_smollm2_draft.py")
+    names = args.drafters or [smcsd.available_drafters("smollm2-135m")[0]]
+    target = smcsd.load("smollm2-135m", drafter="prompt-lookup")[0]
+    drafters = {name: smcsd.load("smollm2-135m", drafter=name)[1] for name in names}
     stops = list(target.tokenizer.end_of_turn_ids)
     convs = [[{"role": "user", "content": p}] for p in PROMPTS[:args.prompts]]
-    cells = [("ar", 0, 0)] + [("sd", 0, k) for k in args.sd_ks] + [("smc", *parse_cell(c)) for c in args.smc]
+    cells = [("ar", None, 0, 0)]
+    for name, d in drafters.items():
+        limit = getattr(d, "max_tokens_per_proposal", None)
+        fits = lambda k: limit is None or k <= limit  # noqa: E731
+        cells += [("sd", name, 0, k) for k in args.sd_ks if fits(k)]
+        cells += [("smc", name, n, k) for n, k in map(parse_cell, args.smc) if fits(k)]
 
     def run(cell, conv, seed):
-        method, n, k = cell
+        method, name, n, k = cell
         kw = dict(target=target, method=method, temperature=args.temperature, max_new_tokens=args.max_new_tokens,
                   eos_id=stops, seed=seed)
         if method != "ar":
-            kw.update(draft=drafter, num_speculative_tokens=k)
+            kw.update(draft=drafters[name], num_speculative_tokens=k)
         if method == "smc":
             kw.update(num_particles=n)
         return smcsd.decode(messages=[conv], **kw)
@@ -92,27 +99,27 @@ def main(argv=None):
                 a["cycles"] += len(st.resampled_per_cycle or [])
         print(f"round {r + 1}/{args.repeats} done", flush=True)
 
-    ar = acc[("ar", 0, 0)]
+    ar = acc[("ar", None, 0, 0)]
     ar_tps = ar["tokens"] / ar["wall_s"]
     rows, body = [], []
-    for (method, n, k), a in acc.items():
+    for (method, name, n, k), a in acc.items():
         tps = a["tokens"] / a["wall_s"]
-        row = dict(method=method, N=n or None, K=k or None, **a, tps=tps, speedup=tps / ar_tps,
+        row = dict(method=method, drafter=name, N=n or None, K=k or None, **a, tps=tps, speedup=tps / ar_tps,
                    tokens_per_call=a["tokens"] / max(a["calls"], 1),
                    acceptance=a["accepted"] / a["drafted"] if method == "sd" and a["drafted"] else None,
                    resample_rate=a["resamples"] / a["cycles"] if method == "smc" and a["cycles"] else None)
         rows.append(row)
-        name = "ar" if method == "ar" else (f"sd K={k}" if method == "sd" else f"smc N={n} K={k}")
-        body.append([name, f"{tps:.1f}", f"{row['speedup']:.2f}×", f"{row['tokens_per_call']:.2f}",
+        label = "ar" if method == "ar" else (f"sd K={k}" if method == "sd" else f"smc N={n} K={k}")
+        body.append([name or "–", label, f"{tps:.1f}", f"{row['speedup']:.2f}×", f"{row['tokens_per_call']:.2f}",
                      report.fmt(row["acceptance"]), report.fmt(row["resample_rate"]), a["tokens"]])
-    table = report.markdown_table(["method", "tok/s", "vs ar", "tokens/target call", "acceptance (sd)",
+    table = report.markdown_table(["drafter", "method", "tok/s", "vs ar", "tokens/target call", "acceptance (sd)",
                                    "resampled cycles (smc)", "new tokens"], body)
     print(table)
     result = report.new_result(
         "smcsd.bench_smollm2_pair/1", machine=report.machine_info(),
         model=dict(name="smollm2-135m", params=target.num_params, dtype=target.config.dtype),
-        drafter=dict(name=args.drafter or smcsd.available_drafters("smollm2-135m")[0],
-                     params=getattr(drafter, "num_params", None)),
+        drafters={name: dict(kind=getattr(d, "kind", "ar"), params=getattr(d, "num_params", None))
+                  for name, d in drafters.items()},
         settings=dict(temperature=args.temperature, max_new_tokens=args.max_new_tokens, repeats=args.repeats,
                       prompts=PROMPTS[:args.prompts], batch=1),
         rows=rows, markdown=table, command=report.command(__file__, argv))

@@ -17,10 +17,11 @@ import os
 from models.registry import FETCHABLE, available_models, load_pair as _load_target_pair, load_target
 from models.shipped import SHIPPED_DIR, load_model_dir
 
-from .drafters import PromptLookup
+from .drafters import BlockDrafter, PromptLookup
 
 # Model drafters, best first: `load(pair)` returns the first one the pair has.
 MODEL_DRAFTERS = ("ar-distilled", "ar")
+BLOCK_DRAFTERS = ("dflash-dpace", "dflash")
 PARAM_FREE = {"prompt-lookup": PromptLookup}
 
 
@@ -40,13 +41,14 @@ def _check_pair(pair) -> str:
 def available_drafters(pair: str = "tiny-code") -> list[str]:
     """Drafter names `load(pair, drafter=...)` accepts, the pair's best model drafter first."""
     _check_pair(pair)
-    return [n for n in MODEL_DRAFTERS if _drafter_dir(pair, n)] + sorted(PARAM_FREE)
+    return [n for n in MODEL_DRAFTERS + BLOCK_DRAFTERS if _drafter_dir(pair, n)] + sorted(PARAM_FREE)
 
 
 def load(pair: str = "tiny-code", drafter: str | None = None, dtype: str | None = None):
     """`(target, drafter)` of a pair. `drafter=None` gives the pair's best model drafter (None when it has none,
     so `decode` runs `ar`); a name from `available_drafters(pair)` gives that one. Model drafters come back as
-    their `LanguageModel` (what `decode(draft=...)` wraps in `ARDrafter`), parameter-free ones as a `Drafter`.
+    their `LanguageModel` (what `decode(draft=...)` wraps in `ARDrafter`), block drafters as a `BlockDrafter` bound
+    to the target, parameter-free ones as a `Drafter`.
     `dtype` applies to fetched targets (and their drafters); shipped toys load in their stored dtype."""
     _check_pair(pair)
     target = load_target(pair, dtype) if pair in FETCHABLE else _load_target_pair(pair, dtype)[0]
@@ -59,6 +61,9 @@ def load(pair: str = "tiny-code", drafter: str | None = None, dtype: str | None 
         raise ValueError(f"pair {pair!r} has no drafter {drafter!r}; available: {', '.join(names)}")
     if drafter in PARAM_FREE:
         return target, PARAM_FREE[drafter]()
+    if drafter in BLOCK_DRAFTERS:
+        block = BlockDrafter.load(_drafter_dir(pair, drafter), dtype=target.config.dtype, name=f"{pair}/{drafter}")
+        return target, block.bind(target)  # raises if the checkpoint does not fit this target
     if drafter == "ar" and pair not in FETCHABLE:
         return target, _load_target_pair(pair)[1]
     model = load_model_dir(_drafter_dir(pair, drafter), name=f"{pair}/{drafter}")

@@ -316,8 +316,14 @@ def test_available_drafters_and_load():
     assert smcsd.load("tiny-code", drafter="ar")[1].name != draft.name
     _, lookup = smcsd.load("tiny-code", drafter="prompt-lookup")
     assert isinstance(lookup, PromptLookup)
-    with pytest.raises(ValueError, match="no drafter 'dflash'.*prompt-lookup"):
-        smcsd.load("tiny-code", drafter="dflash")
+    with pytest.raises(ValueError, match="no drafter 'pard2'.*prompt-lookup"):
+        smcsd.load("tiny-code", drafter="pard2")
+    from smcsd.drafters import BlockDrafter
+    for name in ("dflash", "dflash-dpace"):  # the shipped block drafters, bound to the target
+        assert name in names
+        block = smcsd.load("tiny-code", drafter=name)[1]
+        assert isinstance(block, BlockDrafter) and block.name == f"tiny-code/{name}"
+        assert block.shared["embed"] is target.params["embed_tokens"]["embedding"]
     with pytest.raises(ValueError, match="unknown model pair"):
         smcsd.available_drafters("no-such-pair")
     assert "prompt-lookup" in smcsd.available_drafters("smollm2-135m")  # works for any target, nothing to fetch

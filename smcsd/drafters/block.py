@@ -264,6 +264,7 @@ class BlockDrafter(Drafter):
             import ml_dtypes
             flat = {k: v.astype(ml_dtypes.bfloat16) for k, v in flat.items()}
         save_file(flat, os.path.join(path, "model.safetensors"), metadata={"format": "smcsd-dflash"})
+        os.chmod(os.path.join(path, "model.safetensors"), 0o644)
         with open(os.path.join(path, "config.json"), "w") as f:
             json.dump({"drafter": "dflash", **self.block_config.to_dict()}, f, indent=2)
         if info is not None:

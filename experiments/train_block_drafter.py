@@ -1,0 +1,121 @@
+"""Train a DFlash block drafter (smcsd/drafters/block.py) for a pair's target with DFlash or D-PACE position weights.
+
+    python experiments/train_block_drafter.py --pair tiny-code --weighting dflash --steps 600
+    python experiments/train_block_drafter.py --pair tiny-code --weighting dpace --seed 1 --out /tmp/dpace-s1
+    python experiments/train_block_drafter.py --pair smollm2-135m --weighting dpace --steps 400 --export
+    (resumable: add --resume after a kill; --overwrite restarts)
+
+Corpus:
+- tiny-code: the interpreter's standard-library .py files that `train_pair.py` trains on (its held-out files,
+  split by path hash, stay out: `eval_code.py` measures on them), up to --max-tokens bytes; the target (5.4M)
+  runs teacher-forced on the fly.
+- smollm2-135m: the corpus of `train_smollm2_draft.py` (stdlib source, then the target's own chat answers), the
+  teacher's top-k log-probs and hidden states cached as float16 under --cache-dir.
+The drafter: --layers decoder layers at the target's width (sharing its embedding and LM head), reading the
+target's hidden states at `default_target_layers` (up to 5 spread over the depth), block size --block-size.
+Loss per position: --ce-weight · CE(gold) + --kl-weight · KL(p_T top-k ‖ q), weighted per --weighting.
+With --export the result goes to models/shipped/<pair>/drafters/<dflash | dflash-dpace>/ (with training.json:
+command, settings, wall time, final held-out metrics); otherwise to --out.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if REPO not in sys.path:
+    sys.path.insert(0, REPO)
+
+DEFAULTS = {  # per pair: sizes and a CPU budget (about half an hour or less a run)
+    "tiny-code": dict(layers=1, block_size=16, seq_len=256, batch_size=16, num_anchors=8, steps=600, lr=2e-3,
+                      max_tokens=2_000_000, topk=32),
+    "smollm2-135m": dict(layers=1, block_size=16, seq_len=256, batch_size=8, num_anchors=6, steps=400, lr=1e-3,
+                         max_tokens=None, topk=64),
+}
+
+
+def corpus_for(pair: str, target, args):
+    from smcsd.train import TextCorpus
+    if pair == "tiny-code":
+        from experiments.train_pair import _is_heldout, stdlib_files
+        texts, total = [], 0
+        for rel, path in stdlib_files():
+            if not _is_heldout(rel):
+                with open(path, encoding="utf-8", errors="replace") as f:
+                    texts.append(f.read())
+                total += len(texts[-1])
+                if args.max_tokens and total > args.max_tokens:  # bytes = tokens here: stop reading early
+                    break
+        return TextCorpus(texts, tokenizer=target.tokenizer, seq_len=args.seq_len, batch_size=args.batch_size,
+                          heldout_frac=0.02, max_tokens=args.max_tokens, seed=0)
+    from experiments import train_smollm2_draft as sm
+    tok = target.tokenizer
+    with open(sm.CHAT_FILE) as f:
+        chats = [json.loads(line) for line in f]
+    chat_texts = [tok.apply_chat_template([{"role": "user", "content": c["prompt"]},
+                                           {"role": "assistant", "content": c["answer"]}], tokenize=False,
+                                          add_generation_prompt=False) for c in chats]
+    return TextCorpus(sm.code_texts(900_000) + chat_texts, tokenizer=tok, seq_len=args.seq_len,
+                      batch_size=args.batch_size, heldout_frac=0.04, seed=0, max_tokens=args.max_tokens)
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--pair", choices=sorted(DEFAULTS), default="tiny-code")
+    ap.add_argument("--weighting", choices=["dflash", "dpace", "uniform"], default="dflash")
+    ap.add_argument("--seed", type=int, default=0, help="init and anchor seed")
+    for k in ("layers", "block_size", "seq_len", "batch_size", "num_anchors", "steps", "topk"):
+        ap.add_argument("--" + k.replace("_", "-"), type=int, default=None)
+    ap.add_argument("--max-tokens", type=int, default=None)
+    ap.add_argument("--lr", type=float, default=None)
+    ap.add_argument("--ce-weight", type=float, default=0.5)
+    ap.add_argument("--kl-weight", type=float, default=0.5)
+    ap.add_argument("--eval-every", type=int, default=100)
+    ap.add_argument("--eval-rows", type=int, default=32)
+    ap.add_argument("--ckpt-every", type=int, default=50)
+    ap.add_argument("--stop-after", type=int, default=None)
+    ap.add_argument("--cache-dir", default=os.path.expanduser("~/.cache/smcsd/teacher"))
+    ap.add_argument("--ckpt-dir", default=None, help="default: checkpoints/<pair>-<weighting>-s<seed>")
+    ap.add_argument("--out", default=None, help="export directory (default: none unless --export)")
+    ap.add_argument("--export", action="store_true", help="export into the pair's shipped drafters")
+    ap.add_argument("--resume", action="store_true")
+    ap.add_argument("--overwrite", action="store_true")
+    ap.add_argument("--no-progress", action="store_true")
+    args = ap.parse_args(argv)
+    for k, v in DEFAULTS[args.pair].items():
+        if getattr(args, k) is None:
+            setattr(args, k, v)
+
+    import smcsd
+    from smcsd.drafters import BlockDrafter
+    from smcsd.train import train_block_drafter
+
+    target, _ = smcsd.load(args.pair, drafter="prompt-lookup", dtype="float32" if args.pair == "smollm2-135m" else None)
+    corpus = corpus_for(args.pair, target, args)
+    print(f"corpus: {corpus.num_tokens} tokens, {len(corpus.train_rows)} train rows", flush=True)
+    name = "dflash-dpace" if args.weighting == "dpace" else "dflash"
+    drafter = BlockDrafter.create(target, num_layers=args.layers, block_size=args.block_size, seed=args.seed,
+                                  name=name)
+    tag = f"{args.pair}-{args.weighting}-s{args.seed}"
+    out = args.out
+    if args.export:
+        out = os.path.join(REPO, "models", "shipped", args.pair, "drafters", name)
+    command = "python experiments/train_block_drafter.py " + " ".join(sys.argv[1:] if argv is None else argv)
+    res = train_block_drafter(
+        target, drafter, corpus, steps=args.steps, weighting=args.weighting, lr=args.lr,
+        num_anchors=args.num_anchors, ce_weight=args.ce_weight, kl_weight=args.kl_weight, topk=args.topk,
+        seed=args.seed, cache_dir=args.cache_dir if args.pair == "smollm2-135m" else None,
+        ckpt_dir=args.ckpt_dir or os.path.join(REPO, "checkpoints", tag), resume=args.resume,
+        overwrite=args.overwrite, out=out, eval_every=args.eval_every, ckpt_every=args.ckpt_every,
+        eval_rows=args.eval_rows, progress=not args.no_progress, stop_after=args.stop_after,
+        curves_path=os.path.join(REPO, "experiments", "results", "train", tag), command=command)
+    print(json.dumps({"final_eval": res.history["eval"][-1] if res.history["eval"] else None,
+                      "wall_s": round(res.history["wall_s"], 1), "out": out}, indent=1))
+
+
+if __name__ == "__main__":
+    main()
