@@ -9,10 +9,12 @@ every K in --ks and every temperature in --temperatures, `sd` decodes --new-toke
 (tiny-code: --prompt-tokens bytes of the held-out stdlib files `train_pair.py` keeps out of training;
 smollm2-135m: chat requests on topics outside the drafters' corpus), batch --batch (default: all prompts at
 once on toys, 1 on SmolLM2), no stop token. Reported per cell:
-- mean acceptance length: accepted draft tokens per draft block (0..K), and tokens per target call (+1 bonus);
-- drafter calls per cycle (K for an AR drafter, 1 for a block drafter) and the drafter's matmul FLOPs per cycle
-  relative to one target token (AR: K tokens through its layers and LM head; block: B tokens through its layers
-  plus K through the shared LM head);
+- mean acceptance length: accepted draft tokens per draft block (0..K); a cycle emits that + 1 tokens per row;
+- drafting cost per cycle: drafter calls (K for an AR drafter, 1 for a block drafter); weights read, relative to
+  the target's (AR: K passes over its params; block: one pass over its own layers, the shared LM head counted
+  once) — what a memory-bound step pays; and matmul FLOPs relative to one target token (AR: K tokens through its
+  layers and LM head; block: B tokens through its layers plus K through the shared LM head) — what a
+  compute-bound step pays;
 - wall-clock tokens/s and its ratio to `ar` at the same temperature (interleaved: each round runs every cell once;
   compile excluded by a warm-up run). On the toy pairs speed is per-op overhead, not the memory-bound regime
   speculative decoding is for: read it on SmolLM2.
@@ -65,6 +67,15 @@ def draft_flops(drafter, target_config, K: int) -> float:
         layers = matmul_params(m) - head  # the drafter's decoder layers (its config counts the shared head)
         ctx_proj = c.context_size * m.hidden_size  # fc, run on the accepted tokens by observe: count ~1 per token
         return (c.block_size * layers + K * head + ctx_proj) / tgt
+    return K * matmul_params((drafter.model if isinstance(drafter, ARDrafter) else drafter).config) / tgt
+
+
+def draft_weight_reads(drafter, target_config, K: int) -> float:
+    """Bytes of weights the drafter streams per cycle over the target's per call (same dtype assumed)."""
+    from smcsd.drafters import ARDrafter, BlockDrafter
+    tgt = matmul_params(target_config)
+    if isinstance(drafter, BlockDrafter):
+        return matmul_params(drafter.block_config.model) / tgt  # its layers + the shared head, once
     return K * matmul_params((drafter.model if isinstance(drafter, ARDrafter) else drafter).config) / tgt
 
 
@@ -132,19 +143,20 @@ def main(argv=None):
     rows, body = [], []
     for (method, name, k, T), a in acc.items():
         tps = a["tokens"] / a["wall_s"]
-        row = dict(method=method, drafter=name, K=k or None, temperature=T, **a, tps=tps, speedup=tps / ar_tps[T],
-                   tokens_per_call=a["tokens"] / max(a["calls"], 1))
+        row = dict(method=method, drafter=name, K=k or None, temperature=T, **a, tps=tps, speedup=tps / ar_tps[T])
         if method == "sd":
             row.update(mean_acceptance_length=a["accepted"] / max(a["drafts"], 1),
                        drafter_calls_per_cycle=a["draft_calls"] / max(a["calls"], 1),
+                       draft_weight_reads_per_cycle=draft_weight_reads(drafters[name], target.config, k),
                        draft_flops_per_cycle=draft_flops(drafters[name], target.config, k))
         rows.append(row)
         body.append([name or "–", method, k or "–", T, report.fmt(row.get("mean_acceptance_length")),
-                     f"{row['tokens_per_call']:.2f}", report.fmt(row.get("drafter_calls_per_cycle"), ".1f"),
-                     report.fmt(row.get("draft_flops_per_cycle")), f"{tps:.1f}", f"{row['speedup']:.2f}×"])
-    table = report.markdown_table(["drafter", "method", "K", "T", "mean acceptance length", "tokens/target call",
-                                   "drafter calls/cycle", "draft FLOPs/cycle (target tokens)", "tok/s", "vs ar"],
-                                  body)
+                     report.fmt(row.get("drafter_calls_per_cycle"), ".0f"),
+                     report.fmt(row.get("draft_weight_reads_per_cycle")), report.fmt(row.get("draft_flops_per_cycle")),
+                     f"{tps:.1f}", f"{row['speedup']:.2f}×"])
+    table = report.markdown_table(["drafter", "method", "K", "T", "mean acceptance length", "drafter calls/cycle",
+                                   "draft weight reads/cycle (target = 1)", "draft FLOPs/cycle (target tokens)",
+                                   "tok/s", "vs ar"], body)
     print(table)
     info = {name: dict(kind=getattr(d, "kind", "ar"), params=int(getattr(d, "num_params", 0) or 0),
                        training=_training_info(args.pair, name)) for name, d in drafters.items()}

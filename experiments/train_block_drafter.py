@@ -31,9 +31,9 @@ if REPO not in sys.path:
 
 DEFAULTS = {  # per pair: sizes and a CPU budget (about half an hour or less a run)
     "tiny-code": dict(layers=1, block_size=16, seq_len=256, batch_size=16, num_anchors=8, steps=600, lr=2e-3,
-                      max_tokens=2_000_000, topk=32),
+                      max_tokens=2_000_000, topk=32, export_dtype="float32"),
     "smollm2-135m": dict(layers=1, block_size=16, seq_len=256, batch_size=8, num_anchors=6, steps=400, lr=1e-3,
-                         max_tokens=None, topk=64),
+                         max_tokens=None, topk=64, export_dtype="bfloat16"),
 }
 
 
@@ -71,6 +71,8 @@ def main(argv=None):
     for k in ("layers", "block_size", "seq_len", "batch_size", "num_anchors", "steps", "topk"):
         ap.add_argument("--" + k.replace("_", "-"), type=int, default=None)
     ap.add_argument("--max-tokens", type=int, default=None)
+    ap.add_argument("--export-dtype", choices=["float32", "bfloat16"], default=None,
+                    help="stored dtype (default: float32 on tiny-code, bfloat16 on smollm2-135m; computed in float32 on CPU)")
     ap.add_argument("--lr", type=float, default=None)
     ap.add_argument("--ce-weight", type=float, default=0.5)
     ap.add_argument("--kl-weight", type=float, default=0.5)
@@ -110,7 +112,8 @@ def main(argv=None):
         num_anchors=args.num_anchors, ce_weight=args.ce_weight, kl_weight=args.kl_weight, topk=args.topk,
         seed=args.seed, cache_dir=args.cache_dir if args.pair == "smollm2-135m" else None,
         ckpt_dir=args.ckpt_dir or os.path.join(REPO, "checkpoints", tag), resume=args.resume,
-        overwrite=args.overwrite, out=out, eval_every=args.eval_every, ckpt_every=args.ckpt_every,
+        overwrite=args.overwrite, out=out, export_dtype=args.export_dtype, eval_every=args.eval_every,
+        ckpt_every=args.ckpt_every,
         eval_rows=args.eval_rows, progress=not args.no_progress, stop_after=args.stop_after,
         curves_path=os.path.join(REPO, "experiments", "results", "train", tag), command=command)
     print(json.dumps({"final_eval": res.history["eval"][-1] if res.history["eval"] else None,

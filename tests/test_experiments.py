@@ -164,3 +164,20 @@ def test_cost_model_reproduces_measured_ratios(tmp_path):
         if load > 2.0:
             pytest.skip(f"machine overloaded (load {load:.1f} per core): timing check not meaningful\n{table}")
     assert within, table
+
+
+def test_block_drafters_quick(tmp_path):
+    """experiments/block_drafters.py on tiny-code: an AR and a block drafter side by side; the block drafter makes
+    one drafter call per cycle and reads fewer weights per cycle than K passes of the AR drafter."""
+    sys.path.insert(0, REPO)
+    from experiments import block_drafters
+    out = tmp_path / "bd.json"
+    block_drafters.main(["--pair", "tiny-code", "--drafters", "ar", "dflash-dpace", "--ks", "3", "--temperatures", "0",
+                         "--prompts", "2", "--new-tokens", "8", "--out", str(out)])
+    res = _load(out)
+    rows = {(r["method"], r["drafter"]): r for r in res["rows"]}
+    assert set(rows) == {("ar", None), ("sd", "ar"), ("sd", "dflash-dpace")}
+    block, ar = rows[("sd", "dflash-dpace")], rows[("sd", "ar")]
+    assert block["drafter_calls_per_cycle"] == 1 and ar["drafter_calls_per_cycle"] == 3
+    assert 0 <= block["mean_acceptance_length"] <= 3 and block["tokens"] == ar["tokens"] == 16
+    assert res["drafters"]["dflash-dpace"]["training"]["weighting"] == "dpace"

@@ -199,3 +199,21 @@ def test_greedy_continuations(target, gguf_path):
         assert list(got_stopped) == p["stopped_ids"], p["name"]  # the stop token included, as transformers
     print("\ngreedy: " + "; ".join(f"{p['name']}: {len(p['new_ids'])} tokens equal, stop after "
                                    f"{len(p['stopped_ids'])}" for p in g["prompts"]))
+
+
+def test_shipped_block_drafters(target):
+    """The shipped DFlash block drafters bind to the real target (5 hidden layers spread over its 30), keep greedy
+    `sd` identical to `ar`, and draft with one call per cycle."""
+    import smcsd
+    from smcsd.drafters import BlockDrafter
+    names = [n for n in ("dflash-dpace", "dflash") if n in smcsd.available_drafters("smollm2-135m")]
+    assert names, "no block drafter shipped for smollm2-135m"
+    prompt = target.tokenizer.encode("The capital of France is")
+    kw = dict(target=target, max_new_tokens=12, temperature=0.0, eos_id=[])
+    ref = smcsd.decode([prompt], method="ar", **kw).tokens
+    for name in names:
+        _, d = smcsd.load("smollm2-135m", drafter=name, dtype="float32")
+        assert isinstance(d, BlockDrafter) and d.hidden_layers == (1, 8, 14, 20, 27) and d.dtype == "float32"
+        res = smcsd.decode([prompt], draft=d, method="sd", num_speculative_tokens=4, **kw)
+        assert res.tokens == ref, name
+        assert res.stats.num_draft_calls == res.stats.num_target_calls
