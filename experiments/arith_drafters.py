@@ -48,6 +48,7 @@ def main(argv=None):
     ap.add_argument("--smc-particles", type=int, nargs="+", default=[2, 4, 8])
     ap.add_argument("--smc-k", type=int, default=4)
     ap.add_argument("--out", default=report.results_path("arith_drafters.json"))
+    ap.add_argument("--ess-threshold", type=float, default=0.5, help="smc's tau (1: resample every cycle)")
     ap.add_argument("--no-progress", action="store_true")
     args = ap.parse_args(argv)
 
@@ -67,7 +68,7 @@ def main(argv=None):
         alone = evaluate(draft, None, problems, method="ar", **common)
         sd = evaluate(target, draft, problems, method="sd", num_speculative_tokens=args.sd_k, **common)
         smc = {N: evaluate(target, draft, problems, method="smc", num_particles=N, num_speculative_tokens=args.smc_k,
-                           **common) for N in args.smc_particles}
+                           ess_threshold=args.ess_threshold, **common) for N in args.smc_particles}
         cost = flops_per_token(draft.config) / target_flops
         cells[name] = {
             "params": draft.num_params, "flops_ratio": cost, "alone_accuracy": alone["accuracy"],
@@ -81,11 +82,13 @@ def main(argv=None):
     table = report.markdown_table(
         ["drafter", "FLOPs/token vs target", "alone: accuracy", f"sd K={args.sd_k}: acceptance",
          f"sd K={args.sd_k}: mean acceptance length"]
-        + [f"smc N={N} K={args.smc_k}: accuracy (pts vs ar)" for N in args.smc_particles], body)
+        + [f"smc N={N} K={args.smc_k} τ={args.ess_threshold:g}: accuracy (pts vs ar)" for N in args.smc_particles],
+        body)
     print(table)
     result = report.new_result("smcsd.arith_drafters/1", machine=report.machine_info(),
                                settings=dict(limit=n, temperature=args.temperature, sd_k=args.sd_k,
-                                             smc_k=args.smc_k, smc_particles=args.smc_particles),
+                                             smc_k=args.smc_k, smc_particles=args.smc_particles,
+                                             ess_threshold=args.ess_threshold),
                                cells=cells, markdown=table, command=report.command(__file__, argv))
     print("wrote", report.write_json(args.out, result, indent=2))
 
