@@ -372,10 +372,10 @@ class BlockDrafter(Drafter):
         positions = start[:, None] + jnp.arange(T, dtype=jnp.int32)[None, :]
         kv = self._context_kv(params, hidden, positions)
         rows = jnp.arange(hidden.shape[0])[:, None]
-        k = jnp.stack([state.k[i].at[rows, positions].set(k_.astype(state.k.dtype), mode="drop")
-                       for i, (k_, _) in enumerate(kv)])
-        v = jnp.stack([state.v[i].at[rows, positions].set(v_.astype(state.v.dtype), mode="drop")
-                       for i, (_, v_) in enumerate(kv)])
+        k, v = state.k, state.v
+        for i, (k_, v_) in enumerate(kv):  # scatter into the stacked buffers in place (no per-layer copy + stack)
+            k = k.at[i, rows, positions].set(k_.astype(k.dtype), mode="drop")
+            v = v.at[i, rows, positions].set(v_.astype(v.dtype), mode="drop")
         return state.replace(k=k, v=v)
 
     def block_logits_at(self, params, state: KVCache, anchors, ctx_len, num_tokens: int):

@@ -31,7 +31,7 @@ import numpy as np
 
 from ..drafters.block import BlockConfig, BlockDrafter, BlockNet, _embed_block, _logits
 from .data import TeacherStream, TextCorpus
-from .loop import TrainResult, train
+from .loop import TrainResult, train, training_info
 from .losses import dflash_gamma, dflash_weights, dpace_weights, token_cross_entropy, token_forward_kl_topk
 
 __all__ = ["WEIGHTINGS", "block_loss", "block_train_logits", "sample_anchors", "train_block_drafter"]
@@ -210,14 +210,8 @@ def train_block_drafter(target, drafter: BlockDrafter, corpus: TextCorpus | Teac
                 meta=meta, desc=f"{weighting} block drafter for {name}", command=command)
     h = res.history
     if out and h["finished"]:
-        info = {"recipe": "train_block_drafter", "weighting": weighting,
-                "target": {"name": name, "params_fingerprint": stream.params_fingerprint}, "run": h["run"],
-                "final_eval": h["eval"][-1] if h["eval"] else None, "train_wall_s": round(h["wall_s"], 1),
-                "this_process_s": round(time.time() - t0, 1),
-                "budget": {"steps": steps, "tokens_seen": steps * corpus.batch_size * T,
-                           "blocks_seen": steps * corpus.batch_size * num_anchors,
-                           "backend": jax.default_backend(), "device": str(jax.devices()[0].device_kind)},
-                "num_params": int(sum(np.size(x) for x in jax.tree_util.tree_leaves(res.params))),
-                "stored_dtype": export_dtype, "corpus": corpus.describe(), "commands": h.get("commands", [])}
+        info = training_info("train_block_drafter", name, stream, res, steps, export_dtype, weighting=weighting,
+                             this_process_s=round(time.time() - t0, 1),
+                             budget={"blocks_seen": steps * corpus.batch_size * num_anchors})
         BlockDrafter(config, res.params, name=drafter.name).save(out, export_dtype, info)
     return res

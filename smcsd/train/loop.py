@@ -38,6 +38,7 @@ from .losses import cross_entropy, forward_kl, forward_kl_topk
 __all__ = [
     "TrainResult", "checkpoint_manager", "distill_ar_drafter", "draft_config_for", "export_model",
     "flatten_params", "make_optimizer", "restore_checkpoint", "save_checkpoint", "save_curves", "train",
+    "training_info",
 ]
 
 
@@ -337,6 +338,26 @@ def train(loss_fn: Callable, params, batches: Callable[[int], Any], *, steps: in
     return TrainResult(params, history)
 
 
+def training_info(recipe: str, target_name: str, stream: TeacherStream, res: TrainResult, steps: int,
+                  export_dtype: str, **extra) -> dict:
+    """The `training.json` of a finished run: recipe, target, settings, final held-out metrics, wall time, token
+    budget, params, stored dtype, corpus and the commands that ran it (`extra` adds recipe-specific entries)."""
+    h, corpus = res.history, stream.corpus
+    info = {"recipe": recipe, "target": {"name": target_name, "params_fingerprint": stream.params_fingerprint},
+            "run": h["run"], "final_eval": h["eval"][-1] if h["eval"] else None,
+            "train_wall_s": round(h["wall_s"], 1),
+            "budget": {"steps": steps, "tokens_seen": steps * corpus.batch_size * corpus.seq_len,
+                       "backend": jax.default_backend(), "device": str(jax.devices()[0].device_kind)},
+            "num_params": int(sum(np.size(x) for x in jax.tree_util.tree_leaves(res.params))),
+            "stored_dtype": export_dtype, "corpus": corpus.describe(), "commands": h.get("commands", [])}
+    for k, v in extra.items():
+        if isinstance(v, dict) and isinstance(info.get(k), dict):
+            info[k] = {**info[k], **v}
+        else:
+            info[k] = v
+    return info
+
+
 # ----------------------------------------------------------------------------------------------- AR drafter
 
 def draft_config_for(target: ModelConfig, *, hidden: int | None = None, layers: int = 2, heads: int | None = None,
@@ -451,13 +472,6 @@ def distill_ar_drafter(target, draft, corpus: TextCorpus | TeacherStream, *, ste
                 meta=meta, desc=f"distill {name}", command=command)
     h = res.history
     if out and h["finished"]:
-        info = {"recipe": "distill_ar_drafter", "target": {"name": name, "params_fingerprint": stream.params_fingerprint},
-                "run": h["run"], "final_eval": h["eval"][-1] if h["eval"] else None,
-                "train_wall_s": round(h["wall_s"], 1),
-                "budget": {"steps": steps, "tokens_seen": steps * corpus.batch_size * corpus.seq_len,
-                           "backend": jax.default_backend(), "device": str(jax.devices()[0].device_kind)},
-                "num_params": int(sum(np.size(x) for x in jax.tree_util.tree_leaves(res.params))),
-                "stored_dtype": export_dtype, "corpus": corpus.describe(),
-                "commands": h.get("commands", [])}
+        info = training_info("distill_ar_drafter", name, stream, res, steps, export_dtype)
         export_model(draft_config, res.params, out, export_dtype, info)
     return res
