@@ -24,8 +24,11 @@ Assumptions (also printed with every run and stored in the JSON):
     formula reproduces the measurement at that K and extrapolates to others). `sd-multi`: K draft
     calls + 1 target call on B·N rows, tokens per cycle from its measured mean acceptance length the
     same way. `smc`: K draft calls + 1 target call on B·N rows × (K+1) tokens, exactly K+1 tokens per
-    cycle per request, plus, on the measured fraction of cycles that resample, a gather of both caches
-    (read + write of the B·N-row KV buffers).
+    cycle per request; the prompt's KV is read once per request (the particles share it: cascade
+    attention, smcsd/smc.py) and each particle reads its own slots after the prompt; plus, on the
+    measured fraction of cycles that resample, a gather of the particles' own slots of both caches
+    (read + write; the prompt never moves). A block drafter (DFlash, pair smollm2-135m+dflash) costs one
+    call over rows × block tokens per cycle instead of K calls.
  3. Acceptance and resampling statistics come from a bench_speed JSON (--bench) or a quick
     measurement on the tiny pair on this machine; they are *transferred* to the real pairs, whose own
     acceptance differs — pass --acceptance to set a for sd (and, as a lower bound, sd-multi) instead.
@@ -107,7 +110,9 @@ ASSUMPTIONS = [
     "sd-multi: K draft calls + 1 target call on B*N rows per cycle; tokens/cycle from its measured acceptance, "
     "same formula",
     "smc: K draft calls + 1 target call on B*N rows x (K+1) tokens per cycle; K+1 tokens per cycle; "
-    "plus resample_rate x (read + write of both KV caches)",
+    "the prompt's KV read once per request (shared prefix), each particle's own slots per row; "
+    "plus resample_rate x (read + write of the particles' own KV slots of both models)",
+    "block drafters (DFlash; pair smollm2-135m+dflash): 1 draft call per cycle over rows x block tokens",
     "acceptance / resampling statistics are measured on the tiny pair (or a bench_speed JSON) and transferred to the "
     "real pairs unless --acceptance is given",
     "presets: steady-state decode (no prefill), cache holding --context tokens; cpu-measured: whole decode calls "
@@ -150,11 +155,17 @@ def _real_configs():
     qwen06 = ModelConfig(vocab_size=151936, hidden_size=1024, intermediate_size=3072, num_hidden_layers=28,
                          num_attention_heads=16, num_key_value_heads=8, head_dim=128, qk_norm=True,
                          tie_word_embeddings=True, **common)
+    smol = ModelConfig(vocab_size=49152, hidden_size=576, intermediate_size=1536, num_hidden_layers=30,
+                       num_attention_heads=9, num_key_value_heads=3, head_dim=64, tie_word_embeddings=True,
+                       dtype="bfloat16", max_position_embeddings=8192)
+    block = smol.replace(num_hidden_layers=1)  # the shipped DFlash drafter: one layer at the target's width + head
     return {"llama3.1-8b+llama3.2-1b": (("Llama-3.1-8B", llama8), ("Llama-3.2-1B", llama1)),
-            "qwen3-8b+qwen3-0.6b": (("Qwen3-8B", qwen8), ("Qwen3-0.6B", qwen06))}
+            "qwen3-8b+qwen3-0.6b": (("Qwen3-8B", qwen8), ("Qwen3-0.6B", qwen06)),
+            "smollm2-135m+dflash": (("SmolLM2-135M", smol), ("dflash-dpace (1 layer, block 16)", block))}
 
 
-PAIR_NAMES = ("llama3.1-8b+llama3.2-1b", "qwen3-8b+qwen3-0.6b")
+PAIR_NAMES = ("llama3.1-8b+llama3.2-1b", "qwen3-8b+qwen3-0.6b", "smollm2-135m+dflash")
+DRAFT_BLOCK = {"smollm2-135m+dflash": 16}  # pairs whose drafter is a block drafter: its block size
 
 
 def _rf():
@@ -191,26 +202,44 @@ def call_overhead(cfg, dev: Device) -> float:
     return (cfg.num_hidden_layers + 1) * dev.overhead_s
 
 
-def call_time(cfg, rows: int, T: int, cache_len: int, dev: Device, logit_rows: int | None = None):
+def call_time(cfg, rows: int, T: int, cache_len: int, dev: Device, logit_rows: int | None = None,
+              prefix: tuple[int, int] | None = None):
     """(seconds, bound) of one call: max(bytes / bandwidth, FLOPs / peak) + fixed overhead + the logits of
-    `logit_rows` (default rows x T) turned into tokens."""
+    `logit_rows` (default rows x T) turned into tokens. `prefix = (requests, prompt_len)`: the first prompt_len
+    slots are a prompt shared by the rows of each request (cascade attention), read once per request; each row
+    reads only its own cache_len − prompt_len slots. Attention FLOPs are the same either way."""
     rf = _rf()
-    mem = rf.call_bytes(cfg, rows, T, cache_len) / dev.bandwidth
+    if prefix is None:
+        kv = rf.kv_bytes(cfg, rows, cache_len)
+    else:
+        kv = rf.kv_bytes(cfg, prefix[0], prefix[1]) + rf.kv_bytes(cfg, rows, cache_len - prefix[1])
+    mem = (rf.weight_bytes(cfg, rows, T) + kv) / dev.bandwidth
     comp = rf.call_flops(cfg, rows, T, cache_len) / dev.flops
     logit_rows = rows * T if logit_rows is None else logit_rows
     t = (max(mem, comp) if dev.overlap else mem + comp) + call_overhead(cfg, dev) + logit_rows * dev.logits_row_s
     return t, ("memory" if mem >= comp else "compute")
 
 
-def cycle_cost(method: str, tcfg, dcfg, B: int, N: int, K: int, cache_len: int, dev: Device, stats: dict):
-    """(cycle seconds, tokens per cycle per request, target call s, draft call s, bound) of one cycle/step."""
+def cycle_cost(method: str, tcfg, dcfg, B: int, N: int, K: int, cache_len: int, dev: Device, stats: dict,
+               prompt_len: int | None = None, draft_block: int | None = None):
+    """(cycle seconds, tokens per cycle per request, target call s, draft call s, bound) of one cycle/step.
+
+    `prompt_len`: `smc` keeps each request's prompt KV once, shared by its particles (smcsd/smc.py), and
+    resampling gathers the particles' own slots only (cache_len − prompt_len of them). `draft_block`: the drafter
+    is a block drafter (DFlash) of that block size: one call over rows x block tokens per cycle, not K calls."""
     if method == "ar":
         t, bound = call_time(tcfg, B, 1, cache_len, dev)
         return t, 1.0, t, 0.0, bound
     rows = B if method == "sd" else B * N
-    td, _ = call_time(dcfg, rows, 1, cache_len, dev)
-    tt, bound = call_time(tcfg, rows, K + 1, cache_len, dev)
-    cycle = K * td + tt
+    prefix = (B, prompt_len) if method == "smc" and prompt_len else None
+    if draft_block:
+        td, _ = call_time(dcfg, rows, draft_block, cache_len, dev, logit_rows=rows * K, prefix=prefix)
+        drafting = td
+    else:
+        td, _ = call_time(dcfg, rows, 1, cache_len, dev, prefix=prefix)
+        drafting = K * td
+    tt, bound = call_time(tcfg, rows, K + 1, cache_len, dev, prefix=prefix)
+    cycle = drafting + tt
     if method == "sd":
         tokens = expected_tokens(stats["acceptance_sd"], K)
     elif method == "sd-multi":
@@ -218,16 +247,18 @@ def cycle_cost(method: str, tcfg, dcfg, B: int, N: int, K: int, cache_len: int, 
     elif method == "smc":
         tokens = K + 1.0
         rf = _rf()
-        gather = 2 * (rf.kv_bytes(tcfg, rows, cache_len) + rf.kv_bytes(dcfg, rows, cache_len)) / dev.bandwidth
+        own = cache_len - (prompt_len or 0)  # the particles' own slots (all of them without a shared prefix)
+        gather = 2 * (rf.kv_bytes(tcfg, rows, own) + rf.kv_bytes(dcfg, rows, own)) / dev.bandwidth
         cycle += (stats.get("resample_rate") or 0.0) * gather
     else:
         raise ValueError(f"unknown method {method!r}")
     return cycle, tokens, tt, td, bound
 
 
-def steady_state(method, tcfg, dcfg, B, N, K, context, dev, stats) -> dict:
+def steady_state(method, tcfg, dcfg, B, N, K, context, dev, stats, prompt_len=None, draft_block=None) -> dict:
     cache_len = context + K + 1
-    cycle, tokens, tt, td, bound = cycle_cost(method, tcfg, dcfg, B, N, K, cache_len, dev, stats)
+    cycle, tokens, tt, td, bound = cycle_cost(method, tcfg, dcfg, B, N, K, cache_len, dev, stats, prompt_len,
+                                              draft_block)
     return {"tokens_per_cycle": tokens, "cycle_s": cycle, "target_call_s": tt, "draft_call_s": td, "bound": bound,
             "tokens_per_s": B * tokens / cycle}
 
@@ -238,7 +269,7 @@ def whole_decode_time(method, tcfg, dcfg, B, N, K, prompt_len, cache_len, M, dev
     if method != "ar":
         pd, _ = call_time(dcfg, B, prompt_len, cache_len, dev, logit_rows=B)
         pre += pd
-    cycle, tokens, _, _, _ = cycle_cost(method, tcfg, dcfg, B, N, K, cache_len, dev, stats)
+    cycle, tokens, _, _, _ = cycle_cost(method, tcfg, dcfg, B, N, K, cache_len, dev, stats, prompt_len)
     cycles = M - 1 if method == "ar" else math.ceil((M - 1) / tokens)
     return pre + cycles * cycle
 
@@ -422,7 +453,10 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--num-speculative-tokens", "-K", type=int, default=4)
     ap.add_argument("--num-particles", "-N", type=int, default=4)
     ap.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 16], help="batch sizes of the presets")
-    ap.add_argument("--context", type=int, default=1024, help="tokens in the cache (presets)")
+    ap.add_argument("--prompt-len", type=int, default=256, help="prompt tokens (presets; smc shares them)")
+    ap.add_argument("--output-len", type=int, default=512, help="new tokens per request (presets)")
+    ap.add_argument("--context", type=int, default=None,
+                    help="tokens in the cache (presets; default prompt + half the output: the mean over a decode)")
     ap.add_argument("--overhead-us", type=float, default=1.0,
                     help="presets: fixed overhead per call per (layer + 1), µs (default 1: ~33 µs per 8B call)")
     ap.add_argument("--batch", type=int, default=1, help="batch size of the cpu-measured comparison")
@@ -497,6 +531,8 @@ def main(argv=None) -> int:
 
     predictions = []
     pairs = _real_configs()
+    if args.context is None:
+        args.context = args.prompt_len + args.output_len // 2
     for dname in [d for d in args.device if d in DEVICES]:
         dev = dataclasses.replace(DEVICES[dname], overhead_s=args.overhead_us * 1e-6)
         for pname in args.pair:
@@ -504,7 +540,8 @@ def main(argv=None) -> int:
             for B in args.batch_sizes:
                 ar_tps = None
                 for method in ("ar", "sd", "sd-multi", "smc"):
-                    r = steady_state(method, tcfg, dcfg, B, N, K, args.context, dev, stats)
+                    r = steady_state(method, tcfg, dcfg, B, N, K, args.context, dev, stats, args.prompt_len,
+                                     DRAFT_BLOCK.get(pname))
                     ar_tps = r["tokens_per_s"] if method == "ar" else ar_tps
                     predictions.append({"device": dname, "pair": pname, "target": tname, "draft": dn, "batch_size": B,
                                         "method": method, "num_particles": N if method in ("sd-multi", "smc") else None,
@@ -539,7 +576,7 @@ def main(argv=None) -> int:
           f"smc resample rate {stats['resample_rate']:.2f}"
           + (f", mean ESS/N {stats['mean_ess_fraction']:.2f}" if stats["mean_ess_fraction"] is not None else ""))
     if predictions:
-        print(f"\npredicted steady-state decode speed (context {args.context}, per-call overhead "
+        print(f"\npredicted steady-state decode speed (prompt {args.prompt_len}, context {args.context}, per-call overhead "
               f"{args.overhead_us:g} µs x (layers + 1), sampling cost neglected):")
         print(predictions_table(predictions))
     if cpu is not None:

@@ -3,6 +3,11 @@
 Buffers never change shape inside a decode loop: progress lives in `lengths`. Rolling a row back
 is setting its length (entries past it are masked and later overwritten); resampling particles is
 a gather along the batch axis. Both are O(1) Python and trace cleanly inside `jit`.
+
+Shared prefix (`KVCache.share_prefix`): rows that continue one prompt (SMC particles) keep that prompt's
+keys/values once per request in a `PrefixKV`, read by all of them through cascade attention
+(`models.transformer.attend`); each row's own buffers then hold only what follows the prompt, so resampling
+gathers generated tokens only and the prompt is never copied per row.
 """
 
 from __future__ import annotations
@@ -12,6 +17,27 @@ import jax.numpy as jnp
 from flax import struct
 
 from . import sharding as _sharding
+
+
+@struct.dataclass
+class PrefixKV:
+    """A prompt's keys/values stored once per request and read by `group` consecutive cache rows.
+
+    `k`/`v` have the owning cache's layout with one row per request; `lengths int32[requests]` are the prompt
+    lengths (slots past them are padding and masked)."""
+
+    k: jax.Array
+    v: jax.Array
+    lengths: jax.Array
+    group: int = struct.field(pytree_node=False, default=1)
+
+    @property
+    def width(self) -> int:
+        return self.k[0].shape[2] if isinstance(self.k, tuple) else self.k.shape[2]
+
+    def row_lengths(self) -> jax.Array:
+        """The prompt length of every cache row (request b's for rows b*group .. b*group+group-1)."""
+        return jnp.repeat(self.lengths, self.group, total_repeat_length=self.lengths.shape[0] * self.group)
 
 
 @struct.dataclass
@@ -28,6 +54,7 @@ class KVCache:
     k: jax.Array
     v: jax.Array
     lengths: jax.Array
+    prefix: PrefixKV | None = None  # shared prompt (share_prefix): k/v then hold slots from the prompt's end on
 
     @property
     def per_layer(self) -> bool:
@@ -38,8 +65,18 @@ class KVCache:
         return self.lengths.shape[0]
 
     @property
-    def max_len(self) -> int:
+    def slots(self) -> int:
+        """Width of the row buffers (with a shared prefix: positions after the prompt)."""
         return self.k[0].shape[2] if self.per_layer else self.k.shape[2]
+
+    @property
+    def max_len(self) -> int:
+        """Longest sequence a row can hold (prompt included when the prompt is a shared prefix)."""
+        return self.slots + (0 if self.prefix is None else self.prefix.width)
+
+    def offsets(self) -> jax.Array | int:
+        """Position of each row's buffer slot 0: its prompt length with a shared prefix, else 0."""
+        return 0 if self.prefix is None else self.prefix.row_lengths()
 
     def _map(self, fn) -> tuple:
         """(k', v') with `fn(x, lead)` applied to every buffer; `lead` indexes the axes before the batch axis."""
@@ -55,23 +92,24 @@ class KVCache:
         if sharded is not None:
             return sharded
         k, v = self._map(lambda x, lead: jnp.take(x, index, axis=len(lead)))
-        return KVCache(k=k, v=v, lengths=jnp.take(self.lengths, index, axis=0))
+        return self.replace(k=k, v=v, lengths=jnp.take(self.lengths, index, axis=0))
 
     def copy_window(self, src: jax.Array, start: jax.Array, width: int) -> "KVCache":
         """Row r's slots [start[r], start[r] + width) become row src[r]'s (lengths untouched).
 
         When rows share everything before `start` (e.g. N drafts of one request after verification),
         this moves only the `width` new slots per row instead of gathering whole rows: O(width), not
-        O(max_len). Slots past max_len are dropped.
+        O(max_len). Slots past max_len are dropped. `start` is a position (with a shared prefix: after the prompt).
         """
         src = jnp.asarray(src, jnp.int32)
         sharded = _sharding.per_data_shard(lambda c, s, t: c.copy_window(s, t, width), self, src,
                                            jnp.asarray(start, jnp.int32), global_rows=(0,))  # on a mesh
         if sharded is not None:
             return sharded
-        pos = jnp.asarray(start, jnp.int32)[:, None] + jnp.arange(width, dtype=jnp.int32)[None, :]  # [R, W]
+        start = jnp.asarray(start, jnp.int32) - self.offsets()
+        pos = start[:, None] + jnp.arange(width, dtype=jnp.int32)[None, :]  # [R, W] buffer slots
         rows = jnp.arange(self.batch_size)[:, None]
-        clipped = jnp.minimum(pos, self.max_len - 1)
+        clipped = jnp.clip(pos, 0, self.slots - 1)
 
         def move(x, lead):  # row r's window <- row src[r]'s; x[L, R, S, H, D] or per layer x[R, H, S, D]
             if self.per_layer:
@@ -87,11 +125,35 @@ class KVCache:
 
     def repeat(self, n: int) -> "KVCache":
         """Each row repeated `n` times consecutively (row b -> rows b*n .. b*n+n-1): prefill once, fan out."""
+        if self.prefix is not None:
+            raise ValueError("a cache with a shared prefix is already fanned out; repeat the prefilled cache")
         return self.gather(jnp.repeat(jnp.arange(self.batch_size), n))
+
+    def share_prefix(self, n: int, slots: int) -> "KVCache":
+        """Fan a prefilled cache (one row per prompt, `lengths` = prompt lengths) out to `n` rows per prompt that
+        share it: the prompt's keys/values become a `PrefixKV` stored once, and each row gets empty buffers of
+        `slots` slots for the positions after its prompt. Rows of one prompt may then be gathered among each
+        other (resampling) without moving the prompt."""
+        if self.prefix is not None:
+            raise ValueError("this cache already has a shared prefix")
+        if n < 1 or slots < 1:
+            raise ValueError(f"share_prefix needs n >= 1 and slots >= 1, got n={n}, slots={slots}")
+        R = self.batch_size * n
+
+        def empty(x, lead):
+            shape = list(x.shape)
+            shape[len(lead)] = R  # the batch axis
+            shape[2] = slots  # the slot axis of both layouts ([B, Hkv, S, D] and [L, B, S, Hkv, D])
+            return jnp.zeros(shape, x.dtype)
+
+        k, v = self._map(empty)
+        prefix = PrefixKV(k=self.k, v=self.v, lengths=self.lengths, group=n)
+        return KVCache(k=k, v=v, lengths=prefix.row_lengths(), prefix=prefix)
 
     @property
     def nbytes(self) -> int:
-        return int(sum(x.size * x.dtype.itemsize for x in jax.tree_util.tree_leaves((self.k, self.v))))
+        parts = (self.k, self.v) + (() if self.prefix is None else (self.prefix.k, self.prefix.v))
+        return int(sum(x.size * x.dtype.itemsize for x in jax.tree_util.tree_leaves(parts)))
 
 
 def init_cache(num_layers: int, batch: int, max_len: int, num_kv_heads: int, head_dim: int,

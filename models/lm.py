@@ -45,10 +45,10 @@ def forward_cached(config: ModelConfig, params, tokens, cache: KVCache, num_vali
         raise ValueError(f"cannot write {T} tokens into a cache of max_len {cache.max_len}; "
                          f"allocate a larger cache (init_cache(batch, max_len=...))")
     positions = cache.lengths[:, None] + jnp.arange(T, dtype=jnp.int32)[None, :]
-    logits, (k, v), hidden = _apply(config, params, tokens, positions, (cache.k, cache.v), hidden_layers,
-                                    logit_index)
+    kv = (cache.k, cache.v) if cache.prefix is None else (cache.k, cache.v, cache.prefix)
+    logits, kv, hidden = _apply(config, params, tokens, positions, kv, hidden_layers, logit_index)
     advance = T if num_valid is None else jnp.asarray(num_valid, jnp.int32)
-    new_cache = _sharding.constrain_cache(KVCache(k=k, v=v, lengths=cache.lengths + advance))  # no-op w/o mesh
+    new_cache = _sharding.constrain_cache(cache.replace(k=kv[0], v=kv[1], lengths=cache.lengths + advance))
     if hidden_layers:
         return logits, new_cache, hidden
     return logits, new_cache

@@ -186,7 +186,7 @@ def constrain_cache(cache):
     """`cache` with its k/v/lengths constrained to the active layout; unchanged outside `layout`.
     The layout's debug `inspect` gets ("k[L,B,S,Hkv,hd]", the partitioner's sharding of k)."""
     lay = _ACTIVE.get()
-    if lay is None:
+    if lay is None or getattr(cache, "prefix", None) is not None:  # shared-prefix caches run unsharded
         return cache
     kv_spec, len_spec = cache_spec(cache.k.shape[3], lay.mesh)
     if cache.k.shape[1] % lay.data:  # rows don't split evenly: leave this one to the partitioner
@@ -216,7 +216,7 @@ def per_data_shard(fn, cache, *row_args, global_rows: tuple[int, ...] = ()):
     gathers.) An index outside its block reads out of range — NaN rows, never another shard's rows.
     """
     lay = _ACTIVE.get()
-    if lay is None:
+    if lay is None or getattr(cache, "prefix", None) is not None:
         return None
     G = lay.data
     if cache.k.shape[1] % G or any(a.shape[0] % G for a in row_args):

@@ -3,10 +3,11 @@ cache to the work, fetches (or compiles) the method's program, runs it, and unpa
 
 from __future__ import annotations
 
+import inspect
 import numbers
 import time
 import warnings
-from typing import Sequence
+from typing import NamedTuple, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -16,7 +17,7 @@ from models import LanguageModel
 
 from . import sampling as _sampling
 from .drafters import ARDrafter, Drafter, as_drafter
-from .engine import METHODS, ProgramInputs, StaticSpec, bucket, compiled_program
+from .engine import METHODS, MethodDef, ProgramInputs, StaticSpec, bucket, compiled_program
 from .stats import DecodeResult, DecodeStats, finish_stats
 
 _SELECT = ("sample", "argmax")
@@ -170,7 +171,45 @@ def _render_messages(messages, tokenizer) -> list[list[int]]:
     return requests
 
 
-def decode(
+class Prepared(NamedTuple):
+    """A decode call checked and laid out, ready to compile and run (`prepare`)."""
+
+    method: MethodDef
+    target: LanguageModel
+    draft: Drafter | None
+    spec: StaticSpec
+    args: tuple  # (target params, drafter params, ProgramInputs), placed on the mesh if one is given
+    mesh: object
+
+
+def decode(prompt=None, **kwargs) -> DecodeResult:
+    """Decode `max_new_tokens` (or until a stop token) for each request with `method`.
+
+    prompt: a string, a list of strings, a list of token ids (one request) or a list of lists.
+    messages: instead of prompt, a chat: one conversation (a list of {"role": ..., "content": ...} dicts) or a
+    list of them, each rendered with the target tokenizer's chat template (with the assistant header) and
+    decoded as its token ids; stop ids then default to the tokenizer's `end_of_turn_ids`.
+    method: "ar" (exact reference) or a registered speculative method (see `smcsd.available_methods()`).
+    temperature / top_k / top_p define the target distribution p_T every method samples from
+    (temperature 0 = greedy); draft_temperature (default: temperature) shapes the draft's proposals
+    (sd/sd-multi also truncate them with top_k/top_p; smc does not, so they cover p_T's support).
+    eos_id: stop token id(s); default the tokenizer's EOS, or with messages its end-of-turn tokens (the stop
+    token is included in the output; `texts` drop special tokens).
+    mesh: a `jax.sharding.Mesh` with axes ("data", "model") (`smcsd.make_mesh`): requests x particles
+    sharded over "data" (it must divide the number of requests), weights over "model"; see smcsd/mesh.py.
+    Every keyword is `prepare`'s. Returns a `DecodeResult` with the new tokens per request (in request order),
+    texts, and stats.
+    """
+    p = prepare(prompt, **kwargs)
+    program, compile_s = compiled_program(p.method, p.target.config, p.draft, p.spec, p.args, mesh=p.mesh)
+    start = time.perf_counter()
+    raw = program(*p.args)
+    raw = jax.device_get(raw)
+    wall = time.perf_counter() - start
+    return _unpack(raw, p.spec, p.target, compile_s, wall)
+
+
+def prepare(
     prompt=None,
     *,
     messages=None,
@@ -192,23 +231,9 @@ def decode(
     select: str = "sample",
     return_particles: bool = False,
     mesh=None,
-) -> DecodeResult:
-    """Decode `max_new_tokens` (or until a stop token) for each request with `method`.
-
-    prompt: a string, a list of strings, a list of token ids (one request) or a list of lists.
-    messages: instead of prompt, a chat: one conversation (a list of {"role": ..., "content": ...} dicts) or a
-    list of them, each rendered with the target tokenizer's chat template (with the assistant header) and
-    decoded as its token ids; stop ids then default to the tokenizer's `end_of_turn_ids`.
-    method: "ar" (exact reference) or a registered speculative method (see `smcsd.available_methods()`).
-    temperature / top_k / top_p define the target distribution p_T every method samples from
-    (temperature 0 = greedy); draft_temperature (default: temperature) shapes the draft's proposals
-    (sd/sd-multi also truncate them with top_k/top_p; smc does not, so they cover p_T's support).
-    eos_id: stop token id(s); default the tokenizer's EOS, or with messages its end-of-turn tokens (the stop
-    token is included in the output; `texts` drop special tokens).
-    mesh: a `jax.sharding.Mesh` with axes ("data", "model") (`smcsd.make_mesh`): requests x particles
-    sharded over "data" (it must divide the number of requests), weights over "model"; see smcsd/mesh.py.
-    Returns a `DecodeResult` with the new tokens per request (in request order), texts, and stats.
-    """
+) -> Prepared:
+    """Check a `decode` call's arguments and lay it out (static spec, traced inputs, params), without compiling or
+    running it: what `decode` runs, and what profilers (experiments/profile_smc.py) take apart. See `decode`."""
     _check_prompt_or_messages(prompt, messages)
     target, draft = _resolve_models(target, draft)
     _warn_half_precision_on_cpu(target, draft.model if isinstance(draft, ARDrafter) else None)
@@ -323,12 +348,7 @@ def decode(
     if mesh is not None:  # validate against the batch, put params/inputs on the mesh (smcsd/mesh.py)
         from .mesh import place_args
         mesh, args = place_args(mesh, spec, target.config, getattr(draft, "config", None), args)
-    program, compile_s = compiled_program(mdef, target.config, draft, spec, args, mesh=mesh)
-    start = time.perf_counter()
-    raw = program(*args)
-    raw = jax.device_get(raw)
-    wall = time.perf_counter() - start
-    return _unpack(raw, spec, target, compile_s, wall)
+    return Prepared(mdef, target, draft, spec, args, mesh)
 
 
 def _unpack(raw, spec: StaticSpec, target: LanguageModel, compile_s: float, wall: float) -> DecodeResult:
@@ -354,6 +374,9 @@ def _unpack(raw, spec: StaticSpec, target: LanguageModel, compile_s: float, wall
         particles = [[p_tok[b, i, :p_len[b, i]].tolist() for i in range(p_tok.shape[1])] for b in range(spec.batch)]
         log_weights = np.asarray(raw["log_weights"])
     return DecodeResult(tokens=tokens, texts=texts, stats=stats, particles=particles, log_weights=log_weights)
+
+
+decode.__signature__ = inspect.signature(prepare).replace(return_annotation=DecodeResult)  # help(), IDEs
 
 
 def available_methods() -> list[str]:

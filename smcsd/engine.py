@@ -116,23 +116,29 @@ def clear_compile_cache() -> None:
 # ----------------------------------------------------------------------------- traced helpers
 
 def prefill(config: ModelConfig, params, prompt, prompt_len, cache_len: int, rows_per_prompt: int = 1,
-            hidden_layers: tuple[int, ...] = ()):
+            hidden_layers: tuple[int, ...] = (), suffix_len: int | None = None):
     """Run the padded prompts through the model once; returns (last-token logits [B, V], cache), plus the
     hidden states `[B, Tp, len(hidden_layers) * D]` of every prompt position when `hidden_layers` is given
     (per request, not fanned out: what a drafter's `init` reads).
 
     With `rows_per_prompt = n`, the cache is then fanned out so prompt b fills rows b*n .. b*n+n-1
-    (particles share the prompt: one prefill per request, broadcast to N rows).
+    (particles share the prompt: one prefill per request, broadcast to N rows). With `suffix_len` the prompt's
+    KV is not copied but stored once as the rows' shared prefix (`KVCache.share_prefix`), and each row gets
+    `suffix_len` slots of its own for the positions after its prompt (`cache_len` is then unused).
     """
-    B = prompt.shape[0]
-    cache = init_cache(config.num_hidden_layers, B, cache_len, config.num_key_value_heads, config.head_dim,
+    B, Tp = prompt.shape
+    width = cache_len if suffix_len is None else Tp
+    cache = init_cache(config.num_hidden_layers, B, width, config.num_key_value_heads, config.head_dim,
                        config.jnp_dtype, per_layer=layers_unstacked(params))
     out = forward_cached(config, params, prompt, cache, num_valid=prompt_len, hidden_layers=hidden_layers,
                          logit_index=(prompt_len - 1)[:, None])  # the LM head at the last token only
     logits, cache = out[0], out[1]
     last = logits[:, 0]
-    if rows_per_prompt > 1:
+    if suffix_len is not None:
+        cache = cache.share_prefix(rows_per_prompt, suffix_len)
+    elif rows_per_prompt > 1:
         cache = cache.repeat(rows_per_prompt)
+    if rows_per_prompt > 1:
         last = jnp.repeat(last, rows_per_prompt, axis=0)
     if hidden_layers:
         return last, cache, _hidden_concat(out[2])

@@ -84,14 +84,19 @@ class _State(NamedTuple):
     per_position: jax.Array  # int32[K]
 
 
-def start_drafting(target_cfg, drafter, target_params, draft_params, inp: ProgramInputs, spec: StaticSpec, rows: int):
+def start_drafting(target_cfg, drafter, target_params, draft_params, inp: ProgramInputs, spec: StaticSpec, rows: int,
+                   suffix_len: int | None = None):
     """Prefill the target (`rows` cache rows per request) and build the drafter's state from the prompt (with
-    the target's hidden states of the prompt, if the drafter asks). Returns (last logits [B*rows, V], target
-    cache, drafter state)."""
+    the target's hidden states of the prompt, if the drafter asks). With `suffix_len` both keep the prompt once
+    per request as a shared prefix (`engine.prefill`). Returns (last logits [B*rows, V], target cache, drafter
+    state)."""
     hl = drafter.hidden_layers
-    pre = prefill(target_cfg, target_params, inp.prompt, inp.prompt_len, spec.cache_len, rows, hidden_layers=hl)
+    pre = prefill(target_cfg, target_params, inp.prompt, inp.prompt_len, spec.cache_len, rows, hidden_layers=hl,
+                  suffix_len=suffix_len)
     last, tcache = pre[0], pre[1]
-    dstate = drafter.init(draft_params, inp.prompt, inp.prompt_len, spec.cache_len, rows, pre[2] if hl else None)
+    share = suffix_len is not None and drafter.shares_prefix
+    dstate = drafter.init(draft_params, inp.prompt, inp.prompt_len, spec.cache_len, rows, pre[2] if hl else None,
+                          **({"suffix_len": suffix_len} if share else {}))
     return last, tcache, dstate
 
 

@@ -68,6 +68,7 @@ import jax.numpy as jnp
 from typing import Any
 
 from models import KVCache
+from models.sharding import active_layout
 from resample import maybe_resample, normalize
 
 from .drafters import as_drafter, initial_feed
@@ -102,6 +103,12 @@ class SMCState(NamedTuple):
     resampled: jax.Array  # bool[C, B]
     num_resamples: jax.Array  # int32[B]
     neg_inf: jax.Array  # bool[B]
+
+
+def share_prefix() -> bool:
+    """Whether particles read their request's prompt KV from one shared copy (DESIGN.md, "SMC-SD"): always,
+    except on a mesh, where a cache's rows are data-sharded and the shared prefix is not (yet)."""
+    return active_layout() is None
 
 
 def max_cycles(spec: StaticSpec) -> int:
@@ -141,7 +148,10 @@ def program_parts(target_cfg, drafter, spec: StaticSpec):
     rows_of = (jnp.arange(B, dtype=jnp.int32) * N)[:, None]  # [B, 1]: first global row of each request
 
     def init(target_params, draft_params, inp: ProgramInputs) -> SMCState:
-        last, cache_t, cache_d = start_drafting(target_cfg, drafter, target_params, draft_params, inp, spec, N)
+        # the prompt's KV once per request (shared prefix; not on a mesh, where rows are data-sharded)
+        suffix_len = spec.out_len if share_prefix() else None
+        last, cache_t, cache_d = start_drafting(target_cfg, drafter, target_params, draft_params, inp, spec, N,
+                                                suffix_len)
         key, sub = jax.random.split(inp.key)
         tempered = _tempered(process_logits(last, inp.sampling), inp.alpha)  # [R, V]
         x0 = sample(sub, tempered)  # independent per particle

@@ -231,6 +231,7 @@ class HiddenProbe(ARDrafter):
     observe) at their sequence positions — so a test can check them against a full forward."""
 
     layers: tuple = (0, 1)
+    shares_prefix = False  # its init (below) keeps whole rows, so smc must not ask for a shared prefix
 
     @property
     def hidden_layers(self):

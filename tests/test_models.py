@@ -126,7 +126,7 @@ def test_hidden_states_on_request():
     logits, cache, hidden = model.apply(model.params, toks, model.init_cache(2, 8), hidden_layers=(0, 1))
     assert hidden.shape == (2, 2, 5, BASE["hidden_size"])
     full_logits, full_hidden = model.logits(model.params, toks, hidden_layers=(1,))
-    np.testing.assert_allclose(hidden[1], full_hidden[0], atol=1e-5)
+    np.testing.assert_allclose(hidden[1], full_hidden[0], rtol=1e-5, atol=1e-5)  # f32: the cached and cache-free paths sum in different orders
     assert not np.allclose(hidden[0], hidden[1])
 
 

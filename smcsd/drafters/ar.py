@@ -28,6 +28,7 @@ class ARDrafter(Drafter):
     model: LanguageModel | None = dataclasses.field(compare=False, hash=False, repr=False)
 
     kind = "ar"
+    shares_prefix = True
 
     def __init__(self, model):
         if isinstance(model, ModelConfig):  # static use only (building programs from configs)
@@ -78,8 +79,9 @@ class ARDrafter(Drafter):
         return f"ar:{self.name}"
 
     # ------------------------------------------------------------------ traced
-    def init(self, params, prompt, prompt_len, cache_len, rows_per_prompt, target_hidden=None):
-        _, cache = prefill(self.model_config, params, prompt, prompt_len, cache_len, rows_per_prompt)
+    def init(self, params, prompt, prompt_len, cache_len, rows_per_prompt, target_hidden=None, suffix_len=None):
+        _, cache = prefill(self.model_config, params, prompt, prompt_len, cache_len, rows_per_prompt,
+                           suffix_len=suffix_len)
         return cache
 
     def propose(self, params, state, feed, feed_count, key, sampling, num_tokens: int) -> Proposal:

@@ -106,7 +106,7 @@ class Drafter:
     Class attributes a kind sets: `kind` (its name in `smcsd.available_drafters`), `hidden_layers` (target
     layers whose hidden states `init`/`observe` receive; empty: none are computed), `full_support` (every
     proposal gives every token positive probability, so `smc` stays consistent), `max_tokens_per_proposal`
-    (the largest K it drafts; None: any), `supports_mesh`.
+    (the largest K it drafts; None: any), `supports_mesh`, `shares_prefix` (`init` takes `suffix_len`).
     """
 
     kind: str = "drafter"
@@ -114,6 +114,7 @@ class Drafter:
     full_support: bool = True
     max_tokens_per_proposal: int | None = None  # the largest K `propose` can draft (None: any)
     supports_mesh: bool = True  # decode(mesh=...) can shard its params and state
+    shares_prefix: bool = False  # init(..., suffix_len=S) keeps the prompt once per request (smc's particles)
 
     # ------------------------------------------------------------------ host side
     def drafter_params(self):
@@ -151,9 +152,14 @@ class Drafter:
         return num_tokens
 
     # ------------------------------------------------------------------ traced
-    def init(self, params, prompt, prompt_len, cache_len: int, rows_per_prompt: int, target_hidden=None):
+    def init(self, params, prompt, prompt_len, cache_len: int, rows_per_prompt: int, target_hidden=None,
+             suffix_len: int | None = None):
         """State from the prefilled context: `prompt [B, Tp]` right-padded with `prompt_len [B]`, fanned out to
-        `rows_per_prompt` rows per request; `target_hidden [B, Tp, H]` if `hidden_layers` (the prompt's)."""
+        `rows_per_prompt` rows per request; `target_hidden [B, Tp, H]` if `hidden_layers` (the prompt's).
+
+        `suffix_len` (passed by `smc` to kinds with `shares_prefix`): the rows of a request will only ever be
+        gathered among each other, so the state keeps the prompt's part once per request and gives each row
+        `suffix_len` slots for the positions after its prompt (`models.KVCache.share_prefix`)."""
         raise NotImplementedError
 
     def propose(self, params, state, feed, feed_count, key, sampling, num_tokens: int) -> Proposal:

@@ -37,12 +37,11 @@ import numpy as np
 
 from models import KVCache, ModelConfig, init_cache
 from models.rope import apply_rope, inverse_frequencies, rope_tables
-from models.transformer import MLP, RMSNorm, _dense
+from models.transformer import MLP, Part, RMSNorm, _dense, attend
 
 from ..sampling import process_logits, sample
 from .base import Drafter, Proposal, check_hidden_layers
 
-_NEG = -1e30
 
 
 def default_target_layers(num_target_layers: int, count: int = 5) -> tuple[int, ...]:
@@ -84,25 +83,6 @@ class BlockConfig:
                    block_size=int(d["block_size"]))
 
 
-def _attend(q, parts, dt):
-    """Grouped-query attention of `q [R, T, Hq, D]` over several key/value groups `parts = [(k [R, S_i, Hkv, D],
-    v, mask [R, T, S_i])]` with one softmax across all of them (the context cache and the block are never
-    concatenated: that would copy the cache every layer). Returns `[R, T, Hq*D]`."""
-    R, T, hq, hd = q.shape
-    hk = parts[0][0].shape[2]
-    qg = q.reshape(R, T, hk, hq // hk, hd)
-    scores = [jnp.where(m[:, None, None], jnp.einsum("rtkgd,rskd->rkgts", qg, k.astype(qg.dtype),
-                                                     preferred_element_type=jnp.float32) * hd ** -0.5, _NEG)
-              for k, _, m in parts]
-    sizes = [s.shape[-1] for s in scores]
-    probs = jax.nn.softmax(jnp.concatenate(scores, axis=-1), axis=-1).astype(dt)
-    out, at = 0.0, 0
-    for (_, v, _), n in zip(parts, sizes):
-        out = out + jnp.einsum("rkgts,rskd->rtkgd", probs[..., at:at + n], v.astype(dt))
-        at += n
-    return out.reshape(R, T, hq * hd)
-
-
 class BlockLayer(nn.Module):
     """Pre-norm decoder layer whose attention reads the context K/V (projected target features) and the block."""
 
@@ -128,13 +108,15 @@ class BlockLayer(nn.Module):
         v = self.v_proj(x).reshape(R, T, c.num_key_value_heads, c.head_dim)
         return apply_rope(k, cos, sin), v
 
-    def __call__(self, x, cos, sin, ctx_k, ctx_v, ctx_mask, blk_mask):
+    def __call__(self, x, cos, sin, ctx: Sequence[Part], blk_mask):
+        """`ctx`: the context's key/value parts (`models.transformer.Part`: the drafter's own cache, and the
+        prompt's shared prefix when its rows share one); `blk_mask [R, T, T]` within the block."""
         c, dt = self.config, self.config.jnp_dtype
         R, T, _ = x.shape
         h = self.input_layernorm(x)
         q = apply_rope(self.q_proj(h).reshape(R, T, c.num_attention_heads, c.head_dim), cos, sin)
         k, v = self.kv(h, cos, sin)
-        a = _attend(q, [(ctx_k, ctx_v, ctx_mask), (k, v, blk_mask)], dt)
+        a = attend(q, list(ctx) + [Part(k, v, blk_mask)], dt)  # one softmax over context and block
         x = x + self.o_proj(a)
         return x + self.mlp(self.post_attention_layernorm(x))
 
@@ -164,17 +146,18 @@ class BlockNet(nn.Module):
         cos, sin = self._rope(positions)
         return [layer.kv(f, cos, sin) for layer in self.layers]
 
-    def block_hidden(self, x, positions, ctx, ctx_mask, blk_mask):
-        """Final-normed hidden states of block inputs `x [R, T, H]` at `positions [R, T]`; `ctx` per layer
-        `(k, v) [R, S, Hkv, D]`, `ctx_mask [R, T, S]`, `blk_mask [R, T, T]`."""
+    def block_hidden(self, x, positions, ctx, blk_mask):
+        """Final-normed hidden states of block inputs `x [R, T, H]` at `positions [R, T]`; `ctx` per layer a list
+        of context `Part`s, `blk_mask [R, T, T]`."""
         cos, sin = self._rope(positions)
-        for layer, (k, v) in zip(self.layers, ctx):
-            x = layer(x, cos, sin, k, v, ctx_mask, blk_mask)
+        for layer, parts in zip(self.layers, ctx):
+            x = layer(x, cos, sin, parts, blk_mask)
         return self.norm(x)
 
     def __call__(self, hidden, positions, x, block_positions, ctx_mask, blk_mask):
-        """Context and block in one call (what `init` traces to create every parameter)."""
-        return self.block_hidden(x, block_positions, self.context_kv(hidden, positions), ctx_mask, blk_mask)
+        """Context (`ctx_mask [R, T, S]`) and block in one call (training, the reference, parameter init)."""
+        ctx = [[Part(k, v, ctx_mask)] for k, v in self.context_kv(hidden, positions)]
+        return self.block_hidden(x, block_positions, ctx, blk_mask)
 
 
 def head_params(target) -> dict:
@@ -206,6 +189,7 @@ class BlockDrafter(Drafter):
     name: str = dataclasses.field(compare=False, hash=False, default="dflash")
 
     kind = "dflash"
+    shares_prefix = True
 
     def __init__(self, config: BlockConfig, params=None, shared=None, name: str = "dflash"):
         if not isinstance(config, BlockConfig):
@@ -358,38 +342,46 @@ class BlockDrafter(Drafter):
     def _context_kv(self, params, hidden, positions):
         return self._net().apply({"params": params["net"]}, hidden, positions, method=BlockNet.context_kv)
 
-    def init(self, params, prompt, prompt_len, cache_len, rows_per_prompt, target_hidden=None):
+    def init(self, params, prompt, prompt_len, cache_len, rows_per_prompt, target_hidden=None, suffix_len=None):
         c = self.block_config.model
         B, Tp = prompt.shape
-        state = init_cache(c.num_hidden_layers, B, cache_len, c.num_key_value_heads, c.head_dim, c.jnp_dtype)
+        width = Tp if suffix_len is not None else cache_len
+        state = init_cache(c.num_hidden_layers, B, width, c.num_key_value_heads, c.head_dim, c.jnp_dtype)
         state = self.write_context(params, state, target_hidden, jnp.zeros((B,), jnp.int32))
         state = state.set_lengths(prompt_len)
+        if suffix_len is not None:
+            return state.share_prefix(rows_per_prompt, suffix_len)
         return state.repeat(rows_per_prompt) if rows_per_prompt > 1 else state
 
     def write_context(self, params, state: KVCache, hidden, start) -> KVCache:
-        """Context K/V of `hidden [R, T, n*H]` written at slots `start[r] .. start[r]+T-1` (lengths untouched)."""
+        """Context K/V of `hidden [R, T, n*H]` written at positions `start[r] .. start[r]+T-1` (lengths untouched)."""
         T = hidden.shape[1]
         positions = start[:, None] + jnp.arange(T, dtype=jnp.int32)[None, :]
         kv = self._context_kv(params, hidden, positions)
         rows = jnp.arange(hidden.shape[0])[:, None]
+        slots = positions - (state.offsets()[:, None] if state.prefix is not None else 0)
         k, v = state.k, state.v
         for i, (k_, v_) in enumerate(kv):  # scatter into the stacked buffers in place (no per-layer copy + stack)
-            k = k.at[i, rows, positions].set(k_.astype(k.dtype), mode="drop")
-            v = v.at[i, rows, positions].set(v_.astype(v.dtype), mode="drop")
+            k = k.at[i, rows, slots].set(k_.astype(k.dtype), mode="drop")
+            v = v.at[i, rows, slots].set(v_.astype(v.dtype), mode="drop")
         return state.replace(k=k, v=v)
 
     def block_logits_at(self, params, state: KVCache, anchors, ctx_len, num_tokens: int):
         """Logits `[R, num_tokens, V]` of block positions 1..num_tokens for `anchors [R]` at positions `ctx_len`,
         attending to the first `ctx_len[r]` context slots of `state`."""
         c, B = self.block_config.model, self.block_config.block_size
-        R, S = anchors.shape[0], state.max_len
+        R, S = anchors.shape[0], state.slots
         x = _embed_block(params["net"], params, anchors, B, c.jnp_dtype)
         positions = ctx_len[:, None] + jnp.arange(B, dtype=jnp.int32)[None, :]
-        ctx = [(state.k[i], state.v[i]) for i in range(c.num_hidden_layers)]
-        ctx_mask = jnp.broadcast_to((jnp.arange(S)[None, :] < ctx_len[:, None])[:, None, :], (R, B, S))
+        own = ctx_len - state.offsets()  # context slots in the rows' own buffers
+        ctx_mask = jnp.broadcast_to((jnp.arange(S)[None, :] < own[:, None])[:, None, :], (R, B, S))
+        ctx = [[Part(state.k[i], state.v[i], ctx_mask)] for i in range(c.num_hidden_layers)]
+        if state.prefix is not None:  # the prompt's context, stored once per request
+            pre = state.prefix
+            pmask = jnp.arange(pre.width)[None, :] < pre.lengths[:, None]
+            ctx = [[Part(pre.k[i], pre.v[i], pmask, pre.group)] + parts for i, parts in enumerate(ctx)]
         blk_mask = jnp.ones((R, B, B), bool)
-        h = self._net().apply({"params": params["net"]}, x, positions, ctx, ctx_mask, blk_mask,
-                              method=BlockNet.block_hidden)
+        h = self._net().apply({"params": params["net"]}, x, positions, ctx, blk_mask, method=BlockNet.block_hidden)
         return _logits(h[:, 1:num_tokens + 1], params)
 
     def propose(self, params, state, feed, feed_count, key, sampling, num_tokens: int) -> Proposal:
