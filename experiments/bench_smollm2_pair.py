@@ -1,11 +1,14 @@
-"""The SmolLM2-135M pair on this machine: `ar` against `sd` and `smc` with a drafter of the pair, side by side.
+"""A pair on this machine (SmolLM2-135M by default): `ar` against `sd` and `smc` with drafters of the pair, and
+`decode`'s own default (method left out: the pair's measured choice, smcsd/defaults.py), side by side.
 
     python experiments/bench_smollm2_pair.py                          # drafter ar-distilled, batch 1, T=0.7
     python experiments/bench_smollm2_pair.py --sd-ks 3 4 --smc 2:3 4:3 --repeats 2
     python experiments/bench_smollm2_pair.py --drafters ar-distilled dflash-dpace --sd-ks 3 4 8 --smc 2:4
+    python experiments/bench_smollm2_pair.py --pair tiny-code --drafters ar-distilled dflash-dpace --batch-sizes 1 8
 
-Prompts: chat requests that are not in the drafter's training corpus (other topics and tasks than
-`experiments/data/smollm2_chat.jsonl`), batch 1, stop at the end of turn or `--max-new-tokens`. Every cell is
+Prompts: for SmolLM2, chat requests that are not in the drafter's training corpus (other topics and tasks than
+`experiments/data/smollm2_chat.jsonl`), stop at the end of turn or `--max-new-tokens`; for the tiny pairs, held-out
+code (tiny-code) or test problems (tiny-arith). A batch of B takes B consecutive prompts. Every cell is
 timed over `--repeats` rounds; each round runs every cell once on every prompt (interleaved, so drift in the
 shared machine's speed hits all cells alike) with the round's seed. tokens/s = all new tokens / all wall time
 (compile excluded, one warm-up call per cell first). `sd` is exact (same output law as `ar`); `smc` is
@@ -20,8 +23,9 @@ import os
 import sys
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-if REPO not in sys.path:
-    sys.path.insert(0, REPO)
+for _p in (REPO, os.path.join(REPO, "experiments")):
+    if _p not in sys.path:
+        sys.path.insert(0, _p)
 
 from experiments import report  # noqa: E402
 
@@ -47,6 +51,9 @@ def parse_cell(spec: str) -> tuple[int, int]:
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--pair", default="smollm2-135m")
+    ap.add_argument("--batch-sizes", type=int, nargs="+", default=[1])
+    ap.add_argument("--no-default", action="store_true", help="leave out the cell of decode's own default")
     ap.add_argument("--drafters", nargs="+", default=None,
                     help="drafter names of the pair, each run with every sd / smc cell (default: its best)")
     ap.add_argument("--sd-ks", type=int, nargs="*", default=[2, 3, 4, 6])
@@ -55,41 +62,61 @@ def main(argv=None):
     ap.add_argument("--max-new-tokens", type=int, default=128)
     ap.add_argument("--prompts", type=int, default=len(PROMPTS), help="how many of the prompts to use")
     ap.add_argument("--repeats", type=int, default=2)
-    ap.add_argument("--out", default=report.results_path("bench_smollm2_pair.json"))
+    ap.add_argument("--out", default=None, help="default: results/bench_smollm2_pair.json, or bench_pair_<pair>.json")
     args = ap.parse_args(argv)
 
     import smcsd
 
-    names = args.drafters or [smcsd.available_drafters("smollm2-135m")[0]]
-    target = smcsd.load("smollm2-135m", drafter="prompt-lookup")[0]
-    drafters = {name: smcsd.load("smollm2-135m", drafter=name)[1] for name in names}
-    stops = list(target.tokenizer.end_of_turn_ids)
-    convs = [[{"role": "user", "content": p}] for p in PROMPTS[:args.prompts]]
+    pair = args.pair
+    names = args.drafters or [smcsd.available_drafters(pair)[0]]
+    target = smcsd.load(pair, drafter="prompt-lookup")[0]
+    drafters = {name: smcsd.load(pair, drafter=name)[1] for name in names}
+    if pair == "smollm2-135m":
+        stops = list(target.tokenizer.end_of_turn_ids)
+        prompts = [target.tokenizer.apply_chat_template([{"role": "user", "content": p}], add_generation_prompt=True,
+                                                        tokenize=True) for p in PROMPTS]
+    else:
+        import choose_defaults
+        prompts, stops, _ = choose_defaults.prompts_for(pair, target, len(PROMPTS))
+    prompts = prompts[:args.prompts]
     cells = [("ar", None, 0, 0)]
+    if not args.no_default:
+        cells.append(("default", smcsd.available_drafters(pair)[0], 0, 0))
     for name, d in drafters.items():
         limit = getattr(d, "max_tokens_per_proposal", None)
         fits = lambda k: limit is None or k <= limit  # noqa: E731
         cells += [("sd", name, 0, k) for k in args.sd_ks if fits(k)]
         cells += [("smc", name, n, k) for n, k in map(parse_cell, args.smc) if fits(k)]
 
-    def run(cell, conv, seed):
+    default_drafter = smcsd.load(pair)[1]
+
+    def run(cell, batch, seed):
         method, name, n, k = cell
-        kw = dict(target=target, method=method, temperature=args.temperature, max_new_tokens=args.max_new_tokens,
-                  eos_id=stops, seed=seed)
-        if method != "ar":
+        kw = dict(target=target, temperature=args.temperature, max_new_tokens=args.max_new_tokens, eos_id=stops,
+                  seed=seed)
+        if method == "default":  # what decode picks with the pair's default drafter and no method
+            kw.update(draft=default_drafter)
+        else:
+            kw.update(method=method)
+        if method not in ("ar", "default"):
             kw.update(draft=drafters[name], num_speculative_tokens=k)
         if method == "smc":
             kw.update(num_particles=n)
-        return smcsd.decode(messages=[conv], **kw)
+        return smcsd.decode(batch, **kw)
 
-    for cell in cells:  # compile + warm up
-        run(cell, convs[0], 0)
-    acc = {c: dict(tokens=0, wall_s=0.0, calls=0, accepted=0, drafted=0, resamples=0, cycles=0) for c in cells}
+    grid = [(B, c) for B in args.batch_sizes for c in cells]
+    batches = {B: [[prompts[(i * B + j) % len(prompts)] for j in range(B)] for i in range(len(prompts))]
+               for B in args.batch_sizes}
+    for B, cell in grid:  # compile + warm up
+        run(cell, batches[B][0], 0)
+    acc = {g: dict(tokens=0, wall_s=0.0, calls=0, accepted=0, drafted=0, resamples=0, cycles=0) for g in grid}
     for r in range(args.repeats):
-        for conv in convs:
-            for cell in cells:
-                st = run(cell, conv, r + 1).stats
-                a = acc[cell]
+        for i in range(len(prompts)):
+            for B, cell in grid:
+                res = run(cell, batches[B][i], r + 1)
+                st = res.stats
+                acc[(B, cell)]["method"] = st.method
+                a = acc[(B, cell)]
                 a["tokens"] += st.num_generated_tokens
                 a["wall_s"] += st.wall_time_s
                 a["calls"] += st.num_target_calls
@@ -99,31 +126,35 @@ def main(argv=None):
                 a["cycles"] += len(st.resampled_per_cycle or [])
         print(f"round {r + 1}/{args.repeats} done", flush=True)
 
-    ar = acc[("ar", None, 0, 0)]
-    ar_tps = ar["tokens"] / ar["wall_s"]
     rows, body = [], []
-    for (method, name, n, k), a in acc.items():
+    for (B, (method, name, n, k)), a in acc.items():
+        ar = acc[(B, ("ar", None, 0, 0))]
         tps = a["tokens"] / a["wall_s"]
-        row = dict(method=method, drafter=name, N=n or None, K=k or None, **a, tps=tps, speedup=tps / ar_tps,
-                   tokens_per_call=a["tokens"] / max(a["calls"], 1),
+        row = dict(batch=B, method=method, drafter=name, N=n or None, K=k or None, **a, tps=tps,
+                   speedup=tps / (ar["tokens"] / ar["wall_s"]), tokens_per_call=a["tokens"] / max(a["calls"], 1),
                    acceptance=a["accepted"] / a["drafted"] if method == "sd" and a["drafted"] else None,
-                   resample_rate=a["resamples"] / a["cycles"] if method == "smc" and a["cycles"] else None)
+                   resample_rate=a["resamples"] / a["cycles"] if a.get("method") == "smc" and a["cycles"] else None)
         rows.append(row)
-        label = "ar" if method == "ar" else (f"sd K={k}" if method == "sd" else f"smc N={n} K={k}")
-        body.append([name or "–", label, f"{tps:.1f}", f"{row['speedup']:.2f}×", f"{row['tokens_per_call']:.2f}",
+        label = {"ar": "ar", "sd": f"sd K={k}", "smc": f"smc N={n} K={k}"}.get(method, f"default ({a['method']})")
+        body.append([B, name or "–", label, f"{tps:.1f}", f"{row['speedup']:.2f}×", f"{row['tokens_per_call']:.2f}",
                      report.fmt(row["acceptance"]), report.fmt(row["resample_rate"]), a["tokens"]])
-    table = report.markdown_table(["drafter", "method", "tok/s", "vs ar", "tokens/target call", "acceptance (sd)",
-                                   "resampled cycles (smc)", "new tokens"], body)
+    table = report.markdown_table(["batch", "drafter", "method", "tok/s", "vs ar", "tokens/target call",
+                                   "acceptance (sd)", "resampled cycles (smc)", "new tokens"], body)
     print(table)
+    from smcsd.defaults import backend, load_defaults
+    stored = load_defaults(pair)
     result = report.new_result(
-        "smcsd.bench_smollm2_pair/1", machine=report.machine_info(),
-        model=dict(name="smollm2-135m", params=target.num_params, dtype=target.config.dtype),
+        "smcsd.bench_smollm2_pair/2", machine=report.machine_info(), pair=pair,
+        model=dict(name=pair, params=target.num_params, dtype=target.config.dtype),
         drafters={name: dict(kind=getattr(d, "kind", "ar"), params=getattr(d, "num_params", None))
                   for name, d in drafters.items()},
+        default=dict(drafter=smcsd.available_drafters(pair)[0],
+                     choice=(stored or {}).get("backends", {}).get(backend()), source=stored and stored.get("command")),
         settings=dict(temperature=args.temperature, max_new_tokens=args.max_new_tokens, repeats=args.repeats,
-                      prompts=PROMPTS[:args.prompts], batch=1),
+                      prompts=len(prompts), batch_sizes=args.batch_sizes),
         rows=rows, markdown=table, command=report.command(__file__, argv))
-    print("wrote", report.write_json(args.out, result, indent=2))
+    out = args.out or report.results_path("bench_smollm2_pair.json" if pair == "smollm2-135m" else f"bench_pair_{pair}.json")
+    print("wrote", report.write_json(out, result, indent=2))
 
 
 if __name__ == "__main__":

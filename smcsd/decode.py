@@ -15,6 +15,7 @@ import numpy as np
 
 from models import LanguageModel
 
+from . import defaults as _defaults
 from . import sampling as _sampling
 from .drafters import ARDrafter, Drafter, as_drafter
 from .engine import METHODS, MethodDef, ProgramInputs, StaticSpec, bucket, compiled_program
@@ -25,8 +26,6 @@ _SELECT = ("sample", "argmax")
 # The default method when a draft is available (with the shipped default pair, too); without a draft
 # decode falls back to exact `ar`. Per-method defaults of (num_particles, num_speculative_tokens):
 # smc's were picked by experiments/sweep_arith.py (see README, "Defaults").
-DEFAULT_METHOD = "smc"
-METHOD_DEFAULTS = {"sd": (1, 4), "sd-multi": (4, 4), "smc": (64, 2)}
 
 
 def _check_int(name, value, minimum):
@@ -101,10 +100,10 @@ def _stop_ids(eos_id, tokenizer, config, vocab_size: int) -> list[int]:
 
 
 def _resolve_models(target, draft):
-    if target is None:  # default: the shipped tiny-code pair (its draft too, unless one was given)
-        from models.shipped import load_shipped
+    if target is None:  # default: the shipped tiny-code pair (its best drafter too, unless one was given)
+        from .pairs import load as load_pair
         try:
-            target, shipped_draft = load_shipped("tiny-code")
+            target, shipped_draft = load_pair("tiny-code")
         except ValueError as e:
             raise ValueError(f"decode needs a target model and the default shipped pair could not be loaded ({e}); "
                              "pass target=models.init_model(...) or a loaded model") from e
@@ -189,7 +188,9 @@ def decode(prompt=None, **kwargs) -> DecodeResult:
     messages: instead of prompt, a chat: one conversation (a list of {"role": ..., "content": ...} dicts) or a
     list of them, each rendered with the target tokenizer's chat template (with the assistant header) and
     decoded as its token ids; stop ids then default to the tokenizer's `end_of_turn_ids`.
-    method: "ar" (exact reference) or a registered speculative method (see `smcsd.available_methods()`).
+    method: "ar" (exact reference) or a registered speculative method (see `smcsd.available_methods()`). Left
+    out (None), with N and K: the pair's measured defaults for this backend and drafter (`smcsd.defaults`:
+    the fastest setting within quality tolerance of `ar`, possibly `ar` itself), or `sd` K=4 for other models.
     temperature / top_k / top_p define the target distribution p_T every method samples from
     (temperature 0 = greedy); draft_temperature (default: temperature) shapes the draft's proposals
     (sd/sd-multi also truncate them with top_k/top_p; smc does not, so they cover p_T's support).
@@ -237,8 +238,10 @@ def prepare(
     _check_prompt_or_messages(prompt, messages)
     target, draft = _resolve_models(target, draft)
     _warn_half_precision_on_cpu(target, draft.model if isinstance(draft, ARDrafter) else None)
-    if method is None:
-        method = DEFAULT_METHOD if draft is not None else "ar"
+    if method is not None and (not isinstance(method, str) or method not in METHODS):
+        raise ValueError(f"unknown method {method!r}; choose one of: {', '.join(sorted(METHODS))}")
+    choice = _defaults.choose(target, draft, method)  # the pair's measured defaults (smcsd/defaults.py)
+    method = choice.method
     if not isinstance(method, str) or method not in METHODS:
         raise ValueError(f"unknown method {method!r}; choose one of: {', '.join(sorted(METHODS))}")
     mdef = METHODS[method]
@@ -259,7 +262,7 @@ def prepare(
         draft_temperature = temperature
     _sampling.validate(draft_temperature, top_k, top_p, prefix="draft_")
     seed = _check_int("seed", seed, 0)
-    default_n, default_k = METHOD_DEFAULTS.get(method, (1, 1))
+    default_n, default_k = choice.num_particles, choice.num_speculative_tokens
     K = _check_int("num_speculative_tokens", default_k if num_speculative_tokens is None else num_speculative_tokens, 1)
     N = _check_int("num_particles", default_n if num_particles is None else num_particles, 1)
     if isinstance(ess_threshold, bool) or not isinstance(ess_threshold, numbers.Real) or not 0 <= ess_threshold <= 1:

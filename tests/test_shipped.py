@@ -92,19 +92,6 @@ def test_arith_target_answers_the_golden_prompt():
     assert golden["text"].strip().endswith("#### 27"), golden["text"]  # 23 + 12 = 35. 35 - 8 = 27.
 
 
-def test_decode_defaults_to_the_tiny_code_pair_and_smc():
-    """No models given: the shipped tiny-code pair, and (a draft being there) the default method smc with
-    its default N and K. With only a target, the default method is exact `ar`."""
-    from smcsd.decode import METHOD_DEFAULTS
-    target, draft = load_shipped("tiny-code")
-    n, k = METHOD_DEFAULTS["smc"]
-    a = smcsd.decode("import os\n", max_new_tokens=6, temperature=0.7, seed=3)
-    b = smcsd.decode("import os\n", target=target, draft=draft, method="smc", num_particles=n,
-                     num_speculative_tokens=k, max_new_tokens=6, temperature=0.7, seed=3)
-    assert a.stats.method == "smc" and a.tokens == b.tokens
-    assert smcsd.decode("import os\n", target=target, max_new_tokens=2).stats.method == "ar"
-
-
 # --------------------------------------------------------------------------- broken checkpoints
 
 @pytest.fixture

@@ -1,0 +1,97 @@
+"""`decode`'s defaults: the method and (N, K) it runs when the caller leaves them out.
+
+For a shipped or fetchable pair they were chosen by measurement (`experiments/choose_defaults.py`) and are stored
+with the pair in `models/shipped/<pair>/decode_defaults.json`, per backend ("cpu", and "accelerator" for GPU/TPU,
+where a call over many tokens costs about what one token costs) and per drafter: the fastest setting whose
+quality is within tolerance of `ar`, never slower than `ar` (which is itself a candidate, so a pair whose drafters
+do not pay for themselves on a backend gets `ar` there). The file records the command that chose them and what
+was measured. Any other target and drafter get the generic defaults below.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+from typing import NamedTuple
+
+import jax
+
+from models.shipped import SHIPPED_DIR
+
+SCHEMA = "smcsd.decode_defaults/1"
+FILENAME = "decode_defaults.json"
+
+# (N, K) per method when nothing better is known: sd K=4 and sd-multi N=4 K=4 are exact whatever the drafter;
+# smc's N=4 K=4 is the middle of experiments/choose_defaults.py's grid.
+METHOD_DEFAULTS = {"sd": (1, 4), "sd-multi": (4, 4), "smc": (4, 4)}
+GENERIC_METHOD = "sd"  # with a drafter and no stored choice: exact, and the usual speed-up
+
+
+class Choice(NamedTuple):
+    method: str
+    num_particles: int
+    num_speculative_tokens: int
+    source: str  # where it came from: the pair's stored file, or "generic"
+
+
+def backend() -> str:
+    """"cpu" on a CPU, "accelerator" on a GPU or TPU (the defaults differ: see the module docstring)."""
+    return "cpu" if jax.default_backend() == "cpu" else "accelerator"
+
+
+def defaults_path(pair: str) -> str:
+    return os.path.join(SHIPPED_DIR, pair, FILENAME)
+
+
+@functools.lru_cache(maxsize=None)
+def load_defaults(pair: str) -> dict | None:
+    """The stored choice of a pair (None if it has none)."""
+    path = defaults_path(pair)
+    if not os.path.isfile(path):
+        return None
+    with open(path) as f:
+        data = json.load(f)
+    if data.get("schema") != SCHEMA:
+        raise ValueError(f"{path}: schema {data.get('schema')!r} is not {SCHEMA!r}; rerun experiments/choose_defaults.py")
+    return data
+
+
+def names_of(target, draft) -> tuple[str | None, str | None]:
+    """(pair, drafter name) when the target and drafter came from `smcsd.load` ("tiny-code/target",
+    "tiny-code/ar-distilled", "smollm2-135m", a `PromptLookup`), else Nones."""
+    tname = getattr(target, "name", None) or ""
+    pair = tname.split("/")[0] or None
+    if draft is None:
+        return pair, None
+    kind = getattr(draft, "kind", None)
+    if kind == "prompt-lookup":
+        return pair, "prompt-lookup"
+    name = getattr(getattr(draft, "model", None), "name", None) if kind == "ar" else getattr(draft, "name", None)
+    if not name or "/" not in name or name.split("/")[0] != pair:
+        return pair, None
+    drafter = name.split("/", 1)[1]
+    return pair, ("ar" if drafter == "draft" else drafter)
+
+
+def choose(target, draft, method: str | None) -> Choice:
+    """The method and (N, K) `decode` runs when `method` (None: choose it too) and N, K are not given."""
+    if draft is None:
+        return Choice("ar", 1, 1, "no drafter")
+    pair, drafter = names_of(target, draft)
+    stored = load_defaults(pair) if pair and drafter else None
+    entry = None
+    if stored is not None:
+        entry = stored.get("backends", {}).get(backend(), {}).get(drafter)
+    if entry is not None:
+        if method is None:
+            best = entry["default"]
+            return Choice(best["method"], best.get("num_particles", 1), best.get("num_speculative_tokens", 1),
+                          f"{defaults_path(pair)} ({backend()}, {drafter})")
+        per_method = entry.get("methods", {}).get(method)
+        if per_method is not None:
+            return Choice(method, per_method.get("num_particles", 1), per_method.get("num_speculative_tokens", 1),
+                          f"{defaults_path(pair)} ({backend()}, {drafter}, {method})")
+    method = GENERIC_METHOD if method is None else method
+    n, k = METHOD_DEFAULTS.get(method, (1, 1))
+    return Choice(method, n, k, "generic")
