@@ -148,6 +148,28 @@ def projected(pair, target, draft, c, speed_row, prompt_len, out_len):
     return r["tokens_per_s"]
 
 
+def candidates_table(rows) -> str:
+    return report.markdown_table(
+        ["candidate", "tok/s", "vs ar (cpu)", "projected vs ar (H100)", "quality", "passes"],
+        [[r["label"], f"{r['tokens_per_s']:.1f}", f"{r['speedup_vs_ar']:.2f}×", f"{r['projected_h100_speedup']:.2f}×",
+          r["why"], "yes" if r["passes"] else "no"] for r in rows])
+
+
+def markdown(backends, candidates) -> str:
+    """The choice per backend and drafter, then every drafter's candidates."""
+    def label(c):
+        return {"ar": "ar", "sd": f"sd K={c['num_speculative_tokens']}"}.get(
+            c["method"], f"smc N={c['num_particles']} K={c['num_speculative_tokens']}")
+
+    head = report.markdown_table(["drafter", "cpu default", "accelerator default"],
+                                 [[name, f"{label(backends['cpu'][name]['default'])} "
+                                         f"({backends['cpu'][name]['speedup_vs_ar']:.2f}×)",
+                                   f"{label(backends['accelerator'][name]['default'])} "
+                                   f"({backends['accelerator'][name]['speedup_vs_ar']:.2f}× projected)"]
+                                  for name in candidates])
+    return "\n\n".join([head] + [f"**{name}**\n\n{candidates_table(rows)}" for name, rows in candidates.items()])
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -226,18 +248,14 @@ def main(argv=None):
                                            basis="measured on this machine" if backend == "cpu" else
                                            "cost model (H100 preset) with acceptance and quality measured here")
         drafters_out[name] = rows
-        table = report.markdown_table(
-            ["candidate", "tok/s", "vs ar (cpu)", "projected vs ar (H100)", "quality", "passes"],
-            [[r["label"], f"{r['tokens_per_s']:.1f}", f"{r['speedup_vs_ar']:.2f}×", f"{r['projected_h100_speedup']:.2f}×",
-              r["why"], "yes" if r["passes"] else "no"] for r in rows])
-        print(table, flush=True)
+        print(candidates_table(rows), flush=True)
     cmd = report.command(__file__, argv)
     result = report.new_result(
         SCHEMA, pair=pair, command=cmd, machine=report.machine_info(),
         tolerance=dict(arith_points=args.arith_points, logp_nats_per_token=args.logp_tol),
         settings=dict(temperature=args.temperature, prompts=len(prompts), rounds=args.rounds,
                       max_new_tokens=args.max_new_tokens, quality_prompts=qn, quality_samples=qs, batch=1),
-        ar_quality=ar_quality, backends=backends, candidates=drafters_out)
+        ar_quality=ar_quality, backends=backends, candidates=drafters_out, markdown=markdown(backends, drafters_out))
     out = args.out or report.results_path(f"choose_defaults_{pair}.json")
     print("wrote", report.write_json(out, result, indent=2))
     if args.write:

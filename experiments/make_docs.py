@@ -48,7 +48,39 @@ OTHER_RESULTS = [
      "PYTHON_WITH_TRANSFORMERS", None),
     ("bench_sampling.json", "Logits to a token at V = 49152: per-row cost, this sampler vs the sorting one",
      "experiments/bench_sampling.py --baseline OLD_SAMPLING.py --rows 1 16 --repeats 10", None),
-    ("sweep_arith.json", "tiny-arith: accuracy and speed of every method (this grid picks smc's defaults)",
+    ("bench_smollm2_pair.json", "SmolLM2-135M, side by side: ar, sd and smc with two drafters, and decode's default "
+     "(batch 1 and 8, T=0.7)", "experiments/bench_smollm2_pair.py --drafters ar-distilled dflash-dpace --sd-ks 2 4 "
+     "--smc 1:4 2:4 4:4 --batch-sizes 1 8 --prompts 4 --repeats 1 --max-new-tokens 64", None),
+    ("bench_pair_tiny-code.json", "tiny-code, side by side: ar, sd and smc with two drafters, and decode's default",
+     "experiments/bench_smollm2_pair.py --pair tiny-code --drafters ar-distilled dflash-dpace --sd-ks 2 4 --smc 1:4 "
+     "2:4 4:4 8:4 --batch-sizes 1 8 --prompts 4 --repeats 2 --max-new-tokens 64", None),
+    ("choose_defaults_tiny-code.json", "decode's defaults for tiny-code: candidates, speed, quality, the choice",
+     "experiments/choose_defaults.py --pair tiny-code --quality-prompts 32 --quality-samples 4 --write", None),
+    ("choose_defaults_tiny-arith.json", "decode's defaults for tiny-arith", "experiments/choose_defaults.py --pair "
+     "tiny-arith --write", None),
+    ("choose_defaults_smollm2-135m.json", "decode's defaults for SmolLM2-135M", "experiments/choose_defaults.py --pair "
+     "smollm2-135m --drafters ar-distilled dflash-dpace --sd-ks 2 4 --smc 1:4 2:4 4:4 --quality-prompts 8 "
+     "--quality-samples 6 --write", None),
+    ("profile_smc_smollm2-135m.json", "Where an smc cycle goes on SmolLM2 (prompt 512): prompt KV shared vs copied",
+     "experiments/profile_smc.py --pair smollm2-135m --drafter dflash-dpace --n 1 2 4 8 --k 4 --prompt-tokens 512 "
+     "--repeats 5", None),
+    ("profile_smc_tiny-code.json", "Where an smc cycle goes on tiny-code", "experiments/profile_smc.py --pair tiny-code "
+     "--n 1 4 8 --k 4", None),
+    ("fidelity_tiny-arith.json", "Fidelity of smc's outputs vs ar (tiny-arith): mean log p_T per token",
+     "experiments/fidelity.py --pair tiny-arith --n 1 2 4 8 16 64 --k 3 --temperature 0.7 --prompts 64 --samples 4",
+     None),
+    ("fidelity_smollm2-135m.json", "Fidelity of smc's outputs vs ar (SmolLM2, dflash-dpace)",
+     "experiments/fidelity.py --pair smollm2-135m --drafter dflash-dpace --n 1 2 4 8 16 64 --k 4 --prompts 6 "
+     "--samples 2 --temperature 0.7 --max-new-tokens 48", None),
+    ("cost_model_8b1b.json", "Projected: Llama-3.1-8B + 3.2-1B on H100 / TPU v5e (prompt 256, output 512)",
+     "experiments/cost_model.py --device h100 tpu-v5e --bench experiments/results/quick/bench_speed.json "
+     "--acceptance 0.81 --pair llama3.1-8b+llama3.2-1b --batch-sizes 1 --num-particles 4 -K 4 "
+     "--out experiments/results/cost_model_8b1b.json", None),
+    ("cost_model_smollm2.json", "Projected: SmolLM2-135M + dflash-dpace on H100 / TPU v5e (prompt 256, output 512)",
+     "experiments/cost_model.py --device h100 tpu-v5e --bench experiments/results/quick/bench_speed.json "
+     "--acceptance 0.15 --pair smollm2-135m+dflash --batch-sizes 1 --num-particles 4 -K 4 "
+     "--out experiments/results/cost_model_smollm2.json", None),
+    ("sweep_arith.json", "tiny-arith: accuracy and speed of every method (the grid that picked the old defaults)",
      "experiments/sweep_arith.py", SWEEP_COLUMNS),
     ("sweep_arith_large_n.json", "tiny-arith: smc with many particles",
      "experiments/sweep_arith.py --sd-tokens --multi-particles --smc-particles 32 64 --smc-tokens 1 2 "

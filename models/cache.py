@@ -108,6 +108,7 @@ class KVCache:
             return sharded
         start = jnp.asarray(start, jnp.int32) - self.offsets()
         pos = start[:, None] + jnp.arange(width, dtype=jnp.int32)[None, :]  # [R, W] buffer slots
+        pos = jnp.where(pos < 0, self.slots, pos)  # inside a shared prompt: never written (dropped)
         rows = jnp.arange(self.batch_size)[:, None]
         clipped = jnp.clip(pos, 0, self.slots - 1)
 

@@ -142,7 +142,10 @@ class Attention(nn.Module):
         # write this call's k/v at each row's slots, attend over the whole slot range (and the shared prefix)
         # Scatter straight into the whole cache (in place in the scan carry: no per-layer copy).
         k_all, v_all, layer, prefix = kv
-        slot = positions if prefix is None else positions - prefix.row_lengths()[:, None]  # buffer slots
+        slot = positions
+        if prefix is not None:  # buffer slots after the prompt; a position inside the prompt is never written
+            slot = positions - prefix.row_lengths()[:, None]
+            slot = jnp.where(slot < 0, jnp.iinfo(jnp.int32).max, slot)
         heads_major = isinstance(k_all, tuple)
         if heads_major:  # per-layer [B, Hkv, S, D] buffers (unrolled layers): this layer's own, in place
             idx = (jnp.arange(B)[:, None, None], jnp.arange(hk)[None, :, None], slot[:, None, :])

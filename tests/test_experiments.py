@@ -174,3 +174,55 @@ def test_block_drafters_quick(tmp_path):
     assert block["drafter_calls_per_cycle"] == 1 and ar["drafter_calls_per_cycle"] == 3
     assert 0 <= block["mean_acceptance_length"] <= 3 and block["tokens"] == ar["tokens"] == 16
     assert res["drafters"]["dflash-dpace"]["training"]["weighting"] == "dpace"
+
+
+@pytest.mark.slow  # ~50 s of compiles; default-run budget
+def test_profile_smc_quick(tmp_path):
+    """experiments/profile_smc.py on tiny-code: a cycle split into its parts, with the prompt shared and copied; the
+    shared prompt makes a resampling move fewer bytes (the particles' own slots only)."""
+    sys.path.insert(0, REPO)
+    from experiments import profile_smc
+    out = tmp_path / "prof.json"
+    profile_smc.main(["--pair", "tiny-code", "--n", "2", "--k", "2", "--repeats", "2", "--warm-cycles", "1",
+                      "--max-new-tokens", "12", "--out", str(out)])
+    rows = {r["shared"]: r for r in _load(out)["rows"]}
+    assert set(rows) == {True, False}
+    for r in rows.values():
+        assert set(r["parts_ms"]) == {"draft", "verify", "vocab", "observe", "resample"}
+        assert all(v > 0 for v in r["parts_ms"].values()) and r["cycle_alone_ms"] > 0
+        assert 0 <= r["resample_rate"] <= 1
+    assert rows[True]["moved_bytes"] < rows[False]["moved_bytes"]
+    assert rows[True]["cache_bytes"] < rows[False]["cache_bytes"]
+
+
+def test_fidelity_quick(tmp_path):
+    """experiments/fidelity.py on tiny-arith: ar and smc outputs scored under p_T with confidence intervals."""
+    sys.path.insert(0, REPO)
+    from experiments import fidelity
+    out = tmp_path / "fid.json"
+    fidelity.main(["--pair", "tiny-arith", "--n", "2", "--prompts", "6", "--samples", "2", "--max-new-tokens", "16",
+                   "--out", str(out)])
+    rows = _load(out)["rows"]
+    assert [r["method"] for r in rows] == ["ar", "smc"] and rows[0]["outputs"] == rows[1]["outputs"] == 12
+    for r in rows:
+        assert r["mean_logp"] < 0 and r["mean_logp_ci"] > 0 and 0 < r["mean_length"] <= 16
+    assert rows[1]["logp_minus_ar"] == pytest.approx(rows[1]["mean_logp"] - rows[0]["mean_logp"])
+
+
+@pytest.mark.slow  # ~40 s; default-run budget
+def test_choose_defaults_quick(tmp_path):
+    """experiments/choose_defaults.py on tiny-arith with a small grid: the choice per backend is the fastest
+    candidate that passes, and ar is always among the candidates."""
+    sys.path.insert(0, REPO)
+    from experiments import choose_defaults
+    out = tmp_path / "cd.json"
+    choose_defaults.main(["--pair", "tiny-arith", "--drafters", "ar-distilled", "--sd-ks", "2", "--smc", "2:2",
+                          "--prompts", "1", "--rounds", "1", "--max-new-tokens", "12", "--quality-prompts", "8",
+                          "--out", str(out)])
+    res = _load(out)
+    rows = res["candidates"]["ar-distilled"]
+    assert [r["label"] for r in rows] == ["ar", "sd K=2", "smc N=2 K=2"]
+    assert rows[0]["passes"] and rows[1]["passes"] and rows[2]["quality"]["metric"] == "accuracy"
+    for backend, key in (("cpu", "speedup_vs_ar"), ("accelerator", "projected_h100_speedup")):
+        best = max((r for r in rows if r["passes"]), key=lambda r: r[key])
+        assert res["backends"][backend]["ar-distilled"]["default"] == best["candidate"]

@@ -1,0 +1,81 @@
+"""decode()'s defaults (smcsd/defaults.py): chosen by measurement per pair, backend and drafter, stored with the
+pair, never slower than ar where measured; generic ones for other models."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+
+import smcsd
+from models import init_model
+from models.shipped import SHIPPED_DIR
+from smcsd import defaults
+from smcsd.defaults import FILENAME, SCHEMA
+from smcsd.drafters import as_drafter
+
+from toys import tiny_config
+
+PAIRS = ["tiny-code", "tiny-arith", "smollm2-135m"]
+
+
+def stored(pair):
+    path = os.path.join(SHIPPED_DIR, pair, FILENAME)
+    assert os.path.isfile(path), f"{path} missing: python experiments/choose_defaults.py --pair {pair} --write"
+    with open(path) as f:
+        return json.load(f)
+
+
+@pytest.mark.parametrize("pair", PAIRS)
+def test_stored_defaults_are_the_fastest_passing_candidate(pair):
+    """Each stored default is, among the measured candidates that pass the quality test, the fastest (measured on
+    CPU, projected for accelerators), so it is never slower than ar (itself a candidate); the file says how it was
+    chosen."""
+    data = stored(pair)
+    assert data["schema"] == SCHEMA and data["command"].startswith("python experiments/choose_defaults.py")
+    for backend, key in (("cpu", "speedup_vs_ar"), ("accelerator", "projected_h100_speedup")):
+        for drafter, entry in data["backends"][backend].items():
+            rows = data["candidates"][drafter]
+            assert any(r["label"] == "ar" for r in rows)
+            passing = [r for r in rows if r["passes"]]
+            best = max(passing, key=lambda r: r[key])
+            assert entry["default"] == best["candidate"], (backend, drafter)
+            assert entry["speedup_vs_ar"] >= 1.0 - 1e-9
+            for r in rows:  # the quality verdicts follow the stored tolerance
+                if r["candidate"]["method"] == "smc":
+                    tol = data["tolerance"]["arith_points"] / 100 if r["quality"]["metric"] == "accuracy" \
+                        else data["tolerance"]["logp_nats_per_token"]
+                    assert r["passes"] == (r["quality"]["value"] >= data["ar_quality"]["value"] - tol)
+
+
+def test_decode_without_a_method_runs_the_pairs_default():
+    """No models: the tiny-code pair with its best drafter, and the stored CPU choice for it."""
+    entry = stored("tiny-code")["backends"][defaults.backend()]["ar-distilled"]["default"]
+    target, draft = smcsd.load("tiny-code")
+    a = smcsd.decode("import os\n", max_new_tokens=8, temperature=0.7, seed=3)
+    kw = {k: v for k, v in entry.items() if k != "method"} if entry["method"] != "ar" else {}
+    b = smcsd.decode("import os\n", target=target, draft=draft if entry["method"] != "ar" else None,
+                     method=entry["method"], max_new_tokens=8, temperature=0.7, seed=3, **kw)
+    assert a.stats.method == entry["method"] and a.tokens == b.tokens
+    assert smcsd.decode("import os\n", target=target, max_new_tokens=2).stats.method == "ar"
+
+
+def test_a_method_without_n_and_k_takes_the_pairs_best_for_it():
+    target, draft = smcsd.load("tiny-code")
+    methods = stored("tiny-code")["backends"][defaults.backend()]["ar-distilled"]["methods"]
+    choice = defaults.choose(target, as_drafter(draft), "sd")
+    assert (choice.method, choice.num_speculative_tokens) == ("sd", methods["sd"]["num_speculative_tokens"])
+    assert "decode_defaults.json" in choice.source
+
+
+def test_other_models_get_the_generic_defaults():
+    target = init_model(tiny_config(6), 0, name="mine")
+    draft = init_model(tiny_config(6, hidden=8, heads=1), 1, name="my-draft")
+    res = smcsd.decode([1, 2], target=target, draft=draft, max_new_tokens=3, temperature=0.7)
+    assert res.stats.method == defaults.GENERIC_METHOD == "sd"
+    choice = defaults.choose(target, as_drafter(draft), "smc")
+    assert (choice.num_particles, choice.num_speculative_tokens, choice.source) == (*defaults.METHOD_DEFAULTS["smc"],
+                                                                                    "generic")
+    with pytest.raises(ValueError, match="unknown method"):
+        smcsd.decode([1, 2], target=target, draft=draft, method="fast")
