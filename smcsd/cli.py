@@ -408,7 +408,8 @@ def build_parser() -> argparse.ArgumentParser:
 def add_decode_args(p: argparse.ArgumentParser, max_new_tokens: int = 64) -> None:
     """The decoding options shared by generate and chat: method, length, sampling, speculative settings."""
     p.add_argument("--method", type=method_type, default=None, metavar="METHOD",
-                   help=f"one of {', '.join(KNOWN_METHODS)} (default: smc with a draft, else ar)")
+                   help=f"one of {', '.join(KNOWN_METHODS)} (default: with a draft the pair's measured choice, "
+                        "see README; else ar)")
     p.add_argument("--max-new-tokens", type=positive_int, default=max_new_tokens, metavar="N",
                    help=f"tokens to generate per prompt or answer, fewer if a stop token comes first "
                         f"(default: {max_new_tokens})")

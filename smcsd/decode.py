@@ -201,6 +201,10 @@ def decode(prompt=None, **kwargs) -> DecodeResult:
     Every keyword is `prepare`'s. Returns a `DecodeResult` with the new tokens per request (in request order),
     texts, and stats.
     """
+    unknown = sorted(set(kwargs) - set(inspect.signature(prepare).parameters))
+    if unknown:
+        raise TypeError(f"decode() got unexpected keyword argument(s) {', '.join(unknown)}; valid ones: "
+                        f"{', '.join(list(inspect.signature(prepare).parameters)[1:])}")
     p = prepare(prompt, **kwargs)
     program, compile_s = compiled_program(p.method, p.target.config, p.draft, p.spec, p.args, mesh=p.mesh)
     start = time.perf_counter()

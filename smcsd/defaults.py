@@ -76,8 +76,9 @@ def names_of(target, draft) -> tuple[str | None, str | None]:
 
 def choose(target, draft, method: str | None) -> Choice:
     """The method and (N, K) `decode` runs when `method` (None: choose it too) and N, K are not given."""
-    if draft is None:
-        return Choice("ar", 1, 1, "no drafter")
+    if draft is None:  # a method that needs a drafter is refused by decode, naming the argument
+        n, k = METHOD_DEFAULTS.get(method, (1, 1))
+        return Choice(method or "ar", n, k, "no drafter")
     pair, drafter = names_of(target, draft)
     stored = load_defaults(pair) if pair and drafter else None
     entry = None

@@ -79,8 +79,10 @@ def test_generate_stdin_json_ar(capsys, monkeypatch):
 def test_generate_shipped_default_pair(capsys):
     code, out, err = run(capsys, "generate", "def add(a, b):", "--max-new-tokens", "8", "--echo")
     assert code == 0, err
-    # the shipped pair has a draft, so the default method is smc
-    assert out.startswith("def add(a, b):") and out.rstrip("\n").split("\n")[-1].startswith("smc | ")
+    # the shipped pair with its best drafter: the method decode's stored defaults choose on this backend
+    from smcsd.defaults import backend, load_defaults
+    chosen = load_defaults("tiny-code")["backends"][backend()]["ar-distilled"]["default"]["method"]
+    assert out.startswith("def add(a, b):") and out.rstrip("\n").split("\n")[-1].startswith(f"{chosen} | ")
 
 
 def test_bench_one_cell(capsys, tmp_path):
@@ -164,7 +166,7 @@ def test_generate_local_checkpoints(capsys, tmp_path):
     code, out, err = run(capsys, "generate", PROMPT, "--target", str(tmp_path / "pair" / "target"), "--draft",
                          str(tmp_path / "pair" / "draft"), "--max-new-tokens", "8", "--seed", "1")
     assert code == 0, err
-    assert out.rstrip("\n").split("\n")[-1].startswith("smc | ")  # a draft is given: default smc
+    assert out.rstrip("\n").split("\n")[-1].startswith("sd | ")  # not a known pair: the generic default, sd
 
 
 @pytest.mark.parametrize("argv, name", [

@@ -79,3 +79,8 @@ def test_other_models_get_the_generic_defaults():
                                                                                     "generic")
     with pytest.raises(ValueError, match="unknown method"):
         smcsd.decode([1, 2], target=target, draft=draft, method="fast")
+
+
+def test_decode_names_an_unknown_keyword():
+    with pytest.raises(TypeError, match=r"decode\(\) got unexpected keyword argument\(s\) num_particle;"):
+        smcsd.decode([1, 2], num_particle=4)

@@ -226,3 +226,24 @@ def test_choose_defaults_quick(tmp_path):
     for backend, key in (("cpu", "speedup_vs_ar"), ("accelerator", "projected_h100_speedup")):
         best = max((r for r in rows if r["passes"]), key=lambda r: r[key])
         assert res["backends"][backend]["ar-distilled"]["default"] == best["candidate"]
+
+
+@pytest.mark.slow  # ~50 s of compiles; default-run budget
+def test_bench_pair_quick(tmp_path):
+    """experiments/bench_smollm2_pair.py on tiny-code at two batch sizes: every cell per batch, ratios against that
+    batch's ar, and decode's own default cell running the pair's stored choice."""
+    sys.path.insert(0, REPO)
+    from experiments import bench_smollm2_pair
+    from smcsd.defaults import backend, load_defaults
+    out = tmp_path / "bench.json"
+    bench_smollm2_pair.main(["--pair", "tiny-code", "--drafters", "ar-distilled", "--sd-ks", "2", "--smc", "2:2",
+                             "--batch-sizes", "1", "2", "--prompts", "1", "--repeats", "1", "--max-new-tokens", "8",
+                             "--out", str(out)])
+    rows = _load(out)["rows"]
+    assert {(r["batch"], r["method"]) for r in rows} == {(b, m) for b in (1, 2) for m in ("ar", "default", "sd", "smc")}
+    chosen = load_defaults("tiny-code")["backends"][backend()]["ar-distilled"]["default"]["method"]
+    for r in rows:
+        assert r["tokens"] == 8 * r["batch"] and r["speedup"] > 0
+        assert r["ran"] == (chosen if r["method"] == "default" else r["method"])
+        if r["method"] == "ar":
+            assert r["speedup"] == pytest.approx(1.0)
