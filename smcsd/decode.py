@@ -23,9 +23,8 @@ from .stats import DecodeResult, DecodeStats, finish_stats
 
 _SELECT = ("sample", "argmax")
 
-# The default method when a draft is available (with the shipped default pair, too); without a draft
-# decode falls back to exact `ar`. Per-method defaults of (num_particles, num_speculative_tokens):
-# smc's were picked by experiments/sweep_arith.py (see README, "Defaults").
+# Defaults of method, num_particles and num_speculative_tokens: smcsd/defaults.py (measured per pair, backend and
+# drafter by experiments/choose_defaults.py; README, "Defaults").
 
 
 def _check_int(name, value, minimum):
