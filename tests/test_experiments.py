@@ -195,6 +195,7 @@ def test_profile_smc_quick(tmp_path):
     assert rows[True]["cache_bytes"] < rows[False]["cache_bytes"]
 
 
+@pytest.mark.slow  # ~25 s; default-run budget
 def test_fidelity_quick(tmp_path):
     """experiments/fidelity.py on tiny-arith: ar and smc outputs scored under p_T with confidence intervals."""
     sys.path.insert(0, REPO)

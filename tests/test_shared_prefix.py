@@ -115,6 +115,7 @@ def _program_bytes(target, draft, num_particles, shared, prompt_len):
         smc_module.share_prefix = saved
 
 
+@pytest.mark.slow  # ~50 s of compiles (four 2000-token programs); default-run budget
 def test_smc_holds_one_copy_of_a_long_prompt():
     """A 2000-token prompt and N=64: the compiled program's memory grows with N by the particles' own slots only.
     Copying the prompt's KV per particle would add 63 copies (measured below as the contrast)."""
