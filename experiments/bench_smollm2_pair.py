@@ -105,7 +105,8 @@ def main(argv=None):
         cells += [("sd", name, 0, k) for k in args.sd_ks if fits(k)]
         cells += [("smc", name, n, k) for n, k in map(parse_cell, args.smc) if fits(k)]
 
-    default_drafter = smcsd.load(pair)[1]
+    default_name = smcsd.available_drafters(pair)[0]  # what smcsd.load(pair) gives
+    default_drafter = drafters[default_name] if default_name in drafters else smcsd.load(pair)[1]
 
     def run(cell, batch, seed):
         method, name, n, k = cell

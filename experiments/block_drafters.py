@@ -44,14 +44,14 @@ CHAT_PROMPTS = [  # not in experiments/data/smollm2_chat.jsonl's topics or task 
 ]
 
 
-def prompts_for(pair: str, target, n: int, prompt_tokens: int):
+def prompts_for(pair: str, target, n: int, prompt_tokens: int, seed: int = 99):
     if pair == "smollm2-135m":
         tok = target.tokenizer
         return [tok.apply_chat_template([{"role": "user", "content": p}], add_generation_prompt=True, tokenize=True)
                 for p in (CHAT_PROMPTS * (n // len(CHAT_PROMPTS) + 1))[:n]]
     from experiments import train_pair as tp
     data = tp.CodeData(prompt_tokens)
-    rng = np.random.default_rng(99)
+    rng = np.random.default_rng(seed)
     starts = rng.integers(0, len(data.heldout) - prompt_tokens, n)
     return [[tp.BOS] + data.heldout[s:s + prompt_tokens].tolist() for s in starts]
 

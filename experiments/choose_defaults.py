@@ -64,16 +64,9 @@ def prompts_for(pair, target, count, quality=False):
         import arith_data
         probs = arith_data.test_set()[:count]
         return [target.tokenizer.encode(p.question) for p in probs], None, probs
-    if pair == "smollm2-135m":
-        import block_drafters
-        return block_drafters.prompts_for(pair, target, count, 0), list(target.tokenizer.end_of_turn_ids), None
-    import numpy as np
-
-    from experiments import train_pair as tp
-    data = tp.CodeData(32)
-    rng = np.random.default_rng(123 if quality else 99)
-    starts = rng.integers(0, len(data.heldout) - 32, count)
-    return [[tp.BOS] + data.heldout[s:s + 32].tolist() for s in starts], None, None
+    import block_drafters  # held-out code (tiny-code) or chat requests outside the drafters' corpus (SmolLM2)
+    prompts = block_drafters.prompts_for(pair, target, count, 32, seed=123 if quality else 99)
+    return prompts, (list(target.tokenizer.end_of_turn_ids) if pair == "smollm2-135m" else None), None
 
 
 def measure_speed(target, draft, cands, prompts, stops, temperature, max_new, rounds, progress=True):

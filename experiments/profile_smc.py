@@ -17,7 +17,6 @@ tokens). Prints a markdown table and writes JSON (--out).
 from __future__ import annotations
 
 import argparse
-import contextlib
 import os
 import sys
 
@@ -29,21 +28,6 @@ from experiments import report  # noqa: E402
 
 PROMPT = ("Write a short story about a lighthouse keeper who finds a message in a bottle, and what the message "
           "says about the town that used to stand on the cliff.")
-
-
-@contextlib.contextmanager
-def prefix_sharing(on: bool):
-    """Programs built inside run `smc` with (on) or without the shared prompt prefix."""
-    import smcsd.smc as smc
-    from smcsd.engine import clear_compile_cache
-    saved = smc.share_prefix
-    smc.share_prefix = lambda: on
-    clear_compile_cache()
-    try:
-        yield
-    finally:
-        smc.share_prefix = saved
-        clear_compile_cache()
 
 
 def _tree_bytes(tree) -> int:
@@ -75,7 +59,7 @@ def profile_cell(target, drafter, prompt_ids, n, k, temperature, max_new, warm_c
     from smcsd.decode import prepare
     from smcsd.engine import verify_call
     from smcsd.sampling import process_logits, sample
-    from smcsd.smc import _increment, _take_rows, program_parts
+    from smcsd.smc import _increment, _take_rows, prefix_sharing, program_parts
 
     kw = dict(target=target, draft=drafter, method="smc", num_particles=n, num_speculative_tokens=k,
               temperature=temperature, max_new_tokens=max_new, eos_id=[], seed=1)

@@ -200,10 +200,10 @@ def decode(prompt=None, **kwargs) -> DecodeResult:
     Every keyword is `prepare`'s. Returns a `DecodeResult` with the new tokens per request (in request order),
     texts, and stats.
     """
-    unknown = sorted(set(kwargs) - set(inspect.signature(prepare).parameters))
+    unknown = sorted(set(kwargs) - set(_KEYWORDS))
     if unknown:
         raise TypeError(f"decode() got unexpected keyword argument(s) {', '.join(unknown)}; valid ones: "
-                        f"{', '.join(list(inspect.signature(prepare).parameters)[1:])}")
+                        f"{', '.join(_KEYWORDS)}")
     p = prepare(prompt, **kwargs)
     program, compile_s = compiled_program(p.method, p.target.config, p.draft, p.spec, p.args, mesh=p.mesh)
     start = time.perf_counter()
@@ -383,6 +383,7 @@ def _unpack(raw, spec: StaticSpec, target: LanguageModel, compile_s: float, wall
 
 
 decode.__signature__ = inspect.signature(prepare).replace(return_annotation=DecodeResult)  # help(), IDEs
+_KEYWORDS = tuple(inspect.signature(prepare).parameters)[1:]  # decode's keywords (all but prompt)
 
 
 def available_methods() -> list[str]:

@@ -60,6 +60,7 @@ Conventions (why the weights are right):
 
 from __future__ import annotations
 
+import contextlib
 from typing import NamedTuple
 
 import jax
@@ -105,10 +106,29 @@ class SMCState(NamedTuple):
     neg_inf: jax.Array  # bool[B]
 
 
+_SHARING = [True]  # prefix_sharing's switch
+
+
 def share_prefix() -> bool:
     """Whether particles read their request's prompt KV from one shared copy (DESIGN.md, "SMC-SD"): always,
-    except on a mesh, where a cache's rows are data-sharded and the shared prefix is not (yet)."""
-    return active_layout() is None
+    except on a mesh, where a cache's rows are data-sharded and the shared prefix is not (yet), and inside
+    `prefix_sharing(False)`."""
+    return _SHARING[-1] and active_layout() is None
+
+
+@contextlib.contextmanager
+def prefix_sharing(on: bool):
+    """Programs built inside keep the prompt once per request (on) or copy it into every particle (off: the old
+    layout, for comparisons in tests and experiments/profile_smc.py). The compile cache is cleared on entry and
+    exit, since the switch is not part of a program's key."""
+    from .engine import clear_compile_cache
+    _SHARING.append(bool(on))
+    clear_compile_cache()
+    try:
+        yield
+    finally:
+        _SHARING.pop()
+        clear_compile_cache()
 
 
 def max_cycles(spec: StaticSpec) -> int:

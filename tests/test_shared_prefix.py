@@ -10,12 +10,11 @@ import numpy as np
 import pytest
 
 import smcsd
-import smcsd.smc as smc_module
 from models import forward_cached, init_cache, init_model
 from models.transformer import unstack_layers
 from smcsd.decode import prepare
 from smcsd.drafters import BlockDrafter
-from smcsd.engine import clear_compile_cache
+from smcsd.smc import prefix_sharing
 
 from toys import tiny_config, tiny_pair
 
@@ -76,15 +75,9 @@ def test_shared_prefix_is_stored_once():
 
 
 def _smc(target, draft, shared, **kw):
-    saved = smc_module.share_prefix
-    smc_module.share_prefix = lambda: shared
-    clear_compile_cache()
-    try:
+    with prefix_sharing(shared):
         return smcsd.decode([[1, 2, 3, 4, 5, 1, 2], [3, 1]], target=target, draft=draft, method="smc",
                             return_particles=True, eos_id=[], **kw)
-    finally:
-        smc_module.share_prefix = saved
-        clear_compile_cache()
 
 
 @pytest.mark.parametrize("kind", ["ar", "block"])
@@ -104,15 +97,11 @@ def test_smc_particles_do_not_depend_on_prefix_sharing(kind):
 
 def _program_bytes(target, draft, num_particles, shared, prompt_len):
     """Temporary bytes of the compiled smc program (XLA's buffer assignment)."""
-    saved = smc_module.share_prefix
-    smc_module.share_prefix = lambda: shared
-    try:
+    with prefix_sharing(shared):
         p = prepare([[1] * prompt_len], target=target, draft=draft, method="smc", num_particles=num_particles,
                     num_speculative_tokens=2, max_new_tokens=8, eos_id=[])
         program = p.method.build(target.config, p.draft, p.spec)
         return jax.jit(program).lower(*p.args).compile().memory_analysis().temp_size_in_bytes, p.spec
-    finally:
-        smc_module.share_prefix = saved
 
 
 @pytest.mark.slow  # ~50 s of compiles (four 2000-token programs); default-run budget
