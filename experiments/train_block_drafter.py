@@ -3,6 +3,9 @@
     python experiments/train_block_drafter.py --pair tiny-code --weighting dflash --steps 600
     python experiments/train_block_drafter.py --pair tiny-code --weighting dpace --seed 1 --out /tmp/dpace-s1
     python experiments/train_block_drafter.py --pair smollm2-135m --weighting dpace --steps 400 --export
+    python experiments/train_block_drafter.py --pair tiny-code --weighting dpace --variable-prefix --export
+      (D²SD's variable-prefix drafter: starts from the pair's dflash-dpace drafter, each block shows its first p
+      gold tokens, Pr(p) ∝ 0.9^p, loss after them; exported as the `d2sd` drafter's network)
     (resumable: add --resume after a kill; --overwrite restarts)
 
 Corpus:
@@ -84,6 +87,9 @@ def main(argv=None):
     ap.add_argument("--ckpt-dir", default=None, help="default: checkpoints/<pair>-<weighting>-s<seed>")
     ap.add_argument("--out", default=None, help="export directory (default: none unless --export)")
     ap.add_argument("--export", action="store_true", help="export into the pair's shipped drafters")
+    ap.add_argument("--variable-prefix", action="store_true",
+                    help="train D²SD's variable-prefix drafter (warm-started from the pair's dflash-dpace drafter)")
+    ap.add_argument("--prefix-decay", type=float, default=0.9, help="Pr(p) ∝ decay^p with --variable-prefix")
     ap.add_argument("--resume", action="store_true")
     ap.add_argument("--overwrite", action="store_true")
     ap.add_argument("--no-progress", action="store_true")
@@ -100,9 +106,14 @@ def main(argv=None):
     corpus = corpus_for(args.pair, target, args)
     print(f"corpus: {corpus.num_tokens} tokens, {len(corpus.train_rows)} train rows", flush=True)
     name = "dflash-dpace" if args.weighting == "dpace" else "dflash"
-    drafter = BlockDrafter.create(target, num_layers=args.layers, block_size=args.block_size, seed=args.seed,
-                                  name=name)
-    tag = f"{args.pair}-{args.weighting}-s{args.seed}"
+    if args.variable_prefix:  # warm start: the variable-prefix drafter shares the main drafter's architecture
+        from smcsd.pairs import _drafter_dir
+        name = "d2sd"
+        drafter = BlockDrafter.load(_drafter_dir(args.pair, "dflash-dpace"), dtype="float32", name=name).bind(target)
+    else:
+        drafter = BlockDrafter.create(target, num_layers=args.layers, block_size=args.block_size, seed=args.seed,
+                                      name=name)
+    tag = f"{args.pair}-{args.weighting}{'-vp' if args.variable_prefix else ''}-s{args.seed}"
     out = args.out
     if args.export:
         out = os.path.join(REPO, "models", "shipped", args.pair, "drafters", name)
@@ -115,7 +126,8 @@ def main(argv=None):
         overwrite=args.overwrite, out=out, export_dtype=args.export_dtype, eval_every=args.eval_every,
         ckpt_every=args.ckpt_every,
         eval_rows=args.eval_rows, progress=not args.no_progress, stop_after=args.stop_after,
-        curves_path=os.path.join(REPO, "experiments", "results", "train", tag), command=command)
+        curves_path=os.path.join(REPO, "experiments", "results", "train", tag), command=command,
+        prefix_decay=args.prefix_decay if args.variable_prefix else None)
     print(json.dumps({"final_eval": res.history["eval"][-1] if res.history["eval"] else None,
                       "wall_s": round(res.history["wall_s"], 1), "out": out}, indent=1))
 

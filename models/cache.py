@@ -120,6 +120,28 @@ class KVCache:
         k, v = self._map(move)
         return _sharding.constrain_cache(self.replace(k=k, v=v))
 
+    def compact(self, start: jax.Array, index: jax.Array, count: jax.Array) -> "KVCache":
+        """Within each row, slot `start + j` <- slot `start + index[r, j]` for j < count[r] (lengths untouched).
+
+        After tree verification: the accepted path's nodes sit at scattered tree slots; this moves their keys/values
+        into consecutive slots (all reads happen before the writes, so overlapping moves are safe). `start` is a
+        position (with a shared prefix: after the prompt); `index int32[B, D]`."""
+        index = jnp.asarray(index, jnp.int32)
+        D = index.shape[1]
+        start = jnp.asarray(start, jnp.int32) - self.offsets()
+        rows = jnp.arange(self.batch_size)[:, None]
+        src = jnp.clip(start[:, None] + index, 0, self.slots - 1)
+        dst = start[:, None] + jnp.arange(D, dtype=jnp.int32)[None, :]
+        dst = jnp.where((jnp.arange(D)[None, :] < jnp.asarray(count)[:, None]) & (dst >= 0), dst, self.slots)
+
+        def move(x, lead):
+            if self.per_layer:
+                return x.at[rows, :, dst].set(x[rows, :, src], mode="drop")
+            return x.at[lead + (rows, dst)].set(x[lead + (rows, src)], mode="drop")
+
+        k, v = self._map(move)
+        return _sharding.constrain_cache(self.replace(k=k, v=v))
+
     def set_lengths(self, lengths: jax.Array) -> "KVCache":
         """Roll rows back (or forward over already-written entries) by setting their lengths."""
         return self.replace(lengths=jnp.broadcast_to(jnp.asarray(lengths, jnp.int32), self.lengths.shape))

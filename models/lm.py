@@ -14,7 +14,7 @@ import numpy as np
 from . import sharding as _sharding
 from .cache import KVCache, init_cache
 from .config import ModelConfig
-from .transformer import Transformer, apply_unrolled, layers_unstacked, unstack_layers
+from .transformer import Transformer, TreeAttention, apply_unrolled, layers_unstacked, unstack_layers
 
 
 @functools.lru_cache(maxsize=None)
@@ -52,6 +52,48 @@ def forward_cached(config: ModelConfig, params, tokens, cache: KVCache, num_vali
     if hidden_layers:
         return logits, new_cache, hidden
     return logits, new_cache
+
+
+def forward_tree(config: ModelConfig, params, tokens, cache: KVCache, base, index, depth, visible,
+                 hidden_layers: Sequence[int] = (), logit_index=None):
+    """A cached forward over token-tree nodes (tree verification and tree drafting; DESIGN.md, "Trees").
+
+    Row r's tree region starts at sequence slot `base[r]` (everything before it is committed context, seen by every
+    node) and is `W = visible.shape[-1]` slots wide. Token t of `tokens [B, T]` is written at slot
+    `base + index[r, t]`, takes RoPE position `base + depth[r, t]` (a node's depth, not its slot: siblings share a
+    position) and attends to the context and to the region slots j with `visible[r, t, j]` (its ancestors and
+    itself: `ancestor_mask`). Several calls may fill one region (a drafter expanding a tree level by level).
+    Returns what `forward_cached` does; lengths are left as they were (the caller compacts the accepted path,
+    `KVCache.compact`, and sets them). Works on shared-prefix caches (the region lies after the prompt).
+    """
+    T, W = tokens.shape[1], visible.shape[-1]
+    base = jnp.asarray(base, jnp.int32)
+    positions = base[:, None] + jnp.asarray(depth, jnp.int32)
+    slots = base[:, None] + jnp.asarray(index, jnp.int32) - (cache.offsets()[:, None] if cache.prefix is not None else 0)
+    seq = jnp.arange(cache.slots)[None, :] + (cache.offsets()[:, None] if cache.prefix is not None else 0)  # [B, S]
+    rel = seq - base[:, None]
+    in_region = (rel >= 0) & (rel < W)
+    vis = jnp.take_along_axis(jnp.asarray(visible, bool), jnp.broadcast_to(jnp.clip(rel, 0, W - 1)[:, None, :],
+                                                                           (tokens.shape[0], T, cache.slots)), axis=2)
+    mask = (rel < 0)[:, None, :] | (in_region[:, None, :] & vis)
+    tree = TreeAttention(slots=jnp.where(slots < 0, jnp.iinfo(jnp.int32).max, slots), mask=mask)
+    logits, kv, hidden = _apply(config, params, tokens, positions, (cache.k, cache.v, cache.prefix, tree),
+                                hidden_layers, logit_index)
+    new_cache = _sharding.constrain_cache(cache.replace(k=kv[0], v=kv[1]))
+    return (logits, new_cache, hidden) if hidden_layers else (logits, new_cache)
+
+
+def ancestor_mask(parents) -> jax.Array:
+    """bool `[..., M, M]`: node m sees node j iff j is m or one of its ancestors, for `parents int32[..., M]`
+    (the parent's index in the same array, < m; −1: a root). Computed by repeated squaring of the reachability."""
+    parents = jnp.asarray(parents, jnp.int32)
+    M = parents.shape[-1]
+    eye = jnp.eye(M, dtype=bool)
+    reach = eye | (parents[..., :, None] == jnp.arange(M))  # self or parent
+    for _ in range(max(1, (M - 1).bit_length())):
+        r = reach.astype(jnp.float32)
+        reach = reach | (jnp.einsum("...ij,...jk->...ik", r, r) > 0)
+    return reach
 
 
 def forward_full(config: ModelConfig, params, tokens, hidden_layers: Sequence[int] = ()):

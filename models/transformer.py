@@ -114,10 +114,19 @@ def attend(q, parts: Sequence[Part], dt):
     return out.astype(dt).reshape(R, T, hq * hd)
 
 
+class TreeAttention(NamedTuple):
+    """Where a tree forward's tokens go and what they see (`models.lm.forward_tree`): `slots int32[B, T]` the
+    buffer slots each token is written to, `mask bool[B, T, S]` the buffer slots each token attends to."""
+
+    slots: jax.Array
+    mask: jax.Array
+
+
 class Attention(nn.Module):
-    """Grouped-query attention; `kv` is `(k_all, v_all, layer, prefix)`, the whole cache `[L, B, S, Hkv, D]`
-    (or per-layer heads-major buffers), this layer's index and the cache's shared prefix (a `PrefixKV` or
-    None), or None for the cache-free path."""
+    """Grouped-query attention; `kv` is `(k_all, v_all, layer, prefix, tree)`, the whole cache `[L, B, S, Hkv, D]`
+    (or per-layer heads-major buffers), this layer's index, the cache's shared prefix (a `PrefixKV` or None) and
+    a `TreeAttention` (or None: token t at position p is written at p and attends to slots <= p), or None for the
+    cache-free path."""
 
     config: ModelConfig
     init_std: float
@@ -141,9 +150,9 @@ class Attention(nn.Module):
 
         # write this call's k/v at each row's slots, attend over the whole slot range (and the shared prefix)
         # Scatter straight into the whole cache (in place in the scan carry: no per-layer copy).
-        k_all, v_all, layer, prefix = kv
-        slot = positions
-        if prefix is not None:  # buffer slots after the prompt; a position inside the prompt is never written
+        k_all, v_all, layer, prefix, tree = kv
+        slot = positions if tree is None else tree.slots
+        if prefix is not None and tree is None:  # buffer slots after the prompt; a position inside the prompt is never written
             slot = positions - prefix.row_lengths()[:, None]
             slot = jnp.where(slot < 0, jnp.iinfo(jnp.int32).max, slot)
         heads_major = isinstance(k_all, tuple)
@@ -168,7 +177,8 @@ class Attention(nn.Module):
         if not heads_major:
             keys, values = k_all[layer], v_all[layer]
         slots = jnp.arange(keys.shape[2 if heads_major else 1])
-        parts = [Part(keys, values, slots[None, None, :] <= slot[:, :, None], 1, heads_major)]  # [B, T, S]
+        own = slots[None, None, :] <= slot[:, :, None] if tree is None else tree.mask  # [B, T, S]
+        parts = [Part(keys, values, own, 1, heads_major)]
         if prefix is not None:  # the prompt: every query follows all of it
             pk, pv = prefix.k[layer], prefix.v[layer]
             pmask = jnp.arange(prefix.width)[None, :] < prefix.lengths[:, None]
@@ -199,10 +209,10 @@ class DecoderLayer(nn.Module):
     keep_hidden: bool
 
     @nn.compact
-    def __call__(self, carry, layer, cos, sin, positions, key_mask, prefix=None):
+    def __call__(self, carry, layer, cos, sin, positions, key_mask, prefix=None, tree=None):
         x, k_all, v_all = carry
         c, dt = self.config, self.config.jnp_dtype
-        kv = None if k_all is None else (k_all, v_all, layer, prefix)
+        kv = None if k_all is None else (k_all, v_all, layer, prefix, tree)
         h = RMSNorm(c.rms_norm_eps, dt, name="input_layernorm")(x)
         h, kv = Attention(c, self.init_std, name="self_attn")(h, cos, sin, positions, key_mask, kv)
         x = x + h
@@ -229,11 +239,12 @@ class Transformer(nn.Module):
         if key_mask is None:
             key_mask = jnp.ones(tokens.shape, bool)
         Layers = nn.scan(DecoderLayer, variable_axes={"params": 0}, split_rngs={"params": True},
-                         in_axes=(0, nn.broadcast, nn.broadcast, nn.broadcast, nn.broadcast, nn.broadcast),
+                         in_axes=(0, nn.broadcast, nn.broadcast, nn.broadcast, nn.broadcast, nn.broadcast,
+                                  nn.broadcast),
                          length=c.num_hidden_layers)
-        k_all, v_all, prefix = _split_kv(kv)
+        k_all, v_all, prefix, tree = _split_kv(kv)
         (x, k_all, v_all), hidden = Layers(c, self.init_std, bool(hidden_layers), name="layers")(
-            (x, k_all, v_all), jnp.arange(c.num_hidden_layers), cos, sin, positions, key_mask, prefix)
+            (x, k_all, v_all), jnp.arange(c.num_hidden_layers), cos, sin, positions, key_mask, prefix, tree)
         x = RMSNorm(c.rms_norm_eps, dt, name="norm")(x)
         if c.tie_word_embeddings:
             w = embed.embedding  # [V, D]
@@ -247,10 +258,11 @@ class Transformer(nn.Module):
 
 
 def _split_kv(kv):
-    """`(k_all, v_all, prefix)` of a forward's `kv`: None, `(k, v)` or `(k, v, prefix)` (a shared-prefix cache)."""
+    """`(k_all, v_all, prefix, tree)` of a forward's `kv`: None, `(k, v)`, `(k, v, prefix)` (a shared-prefix cache)
+    or `(k, v, prefix, tree)` (a tree forward: `TreeAttention`)."""
     if kv is None:
-        return None, None, None
-    return kv[0], kv[1], (kv[2] if len(kv) > 2 else None)
+        return None, None, None, None
+    return kv[0], kv[1], (kv[2] if len(kv) > 2 else None), (kv[3] if len(kv) > 3 else None)
 
 
 def _head(x, w, logit_index):
@@ -276,11 +288,11 @@ def apply_unrolled(config: ModelConfig, params, tokens, positions, kv=None, key_
     if key_mask is None:
         key_mask = jnp.ones(tokens.shape, bool)
     layer = DecoderLayer(c, 0.02, False)
-    k_all, v_all, prefix = _split_kv(kv)
+    k_all, v_all, prefix, tree = _split_kv(kv)
     hidden = [None] * len(hidden_layers)
     for i, p in enumerate(params["layers"]):
         (x, k_all, v_all), _ = layer.apply({"params": p}, (x, k_all, v_all), i, cos, sin, positions, key_mask,
-                                           prefix)
+                                           prefix, tree)
         for n, j in enumerate(hidden_layers):
             if int(j) % c.num_hidden_layers == i:
                 hidden[n] = x

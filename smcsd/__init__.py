@@ -6,12 +6,14 @@
 
 from . import ar as _ar  # noqa: F401  (registers "ar")
 from . import sd as _sd  # noqa: F401  (registers "sd", "sd-multi")
+from . import sd_tree as _sd_tree  # noqa: F401  (registers "sd-tree")
 from . import smc as _smc  # noqa: F401  (registers "smc")
 from .decode import available_methods, decode
 from .mesh import make_mesh
 from models.registry import available_models, fetch  # noqa: E402
 from . import drafters
 from .drafters import ARDrafter, Drafter, PromptLookup
+from .drafters.tree import TreeSpec
 from .pairs import available_drafters, load
 from .sampling import SamplingParams, process_logits
 from .stats import DecodeResult, DecodeStats
@@ -20,5 +22,5 @@ __version__ = "0.1.0"
 
 __all__ = ["DecodeResult", "DecodeStats", "SamplingParams", "available_methods", "decode", "process_logits"]
 __all__ += ["available_models", "fetch", "load", "available_drafters"]
-__all__ += ["ARDrafter", "Drafter", "PromptLookup", "drafters"]
+__all__ += ["ARDrafter", "Drafter", "PromptLookup", "TreeSpec", "drafters"]
 __all__ += ["make_mesh"]

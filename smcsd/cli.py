@@ -29,7 +29,7 @@ DEFAULT_MODEL = "tiny-code"
 CHAT_MODEL = "smollm2-135m"  # the default of `smcsd chat` (downloaded by `smcsd fetch smollm2-135m`)
 CHAT_EXIT = ("/exit", "/quit")
 RANDOM_MODEL = "random"
-KNOWN_METHODS = ("ar", "sd", "sd-multi", "smc")  # for --help only; the registry is the authority
+KNOWN_METHODS = ("ar", "sd", "sd-multi", "sd-tree", "smc")  # for --help only; the registry is the authority
 EXPERIMENTS = {"bench": "bench_speed.py", "eval": "eval_arith.py"}
 
 
@@ -211,7 +211,8 @@ def _decode_kwargs(args) -> dict:
     return dict(method=args.method, max_new_tokens=args.max_new_tokens, temperature=args.temperature,
                 top_k=args.top_k, top_p=args.top_p, seed=args.seed, num_speculative_tokens=args.num_speculative_tokens,
                 num_particles=args.num_particles, draft_temperature=args.draft_temperature,
-                ess_threshold=args.ess_threshold, resampler=args.resampler, alpha=args.alpha, select=args.select)
+                ess_threshold=args.ess_threshold, resampler=args.resampler, alpha=args.alpha, select=args.select,
+                tree=args.tree)
 
 
 def cmd_generate(args) -> int:
@@ -346,8 +347,9 @@ def build_parser() -> argparse.ArgumentParser:
         prog=PROG, formatter_class=argparse.RawDescriptionHelpFormatter,
         description="smcsd: faster decoding from a target language model with a small draft model, in JAX.\n"
                     "Methods: ar (exact autoregressive reference), sd (speculative decoding), sd-multi\n"
-                    "(multi-draft speculative decoding), smc (SMC speculative decoding: N particles, K draft\n"
-                    "tokens per cycle, importance weights, resampling, no rollback).",
+                    "(multi-draft speculative decoding), sd-tree (a token tree verified in one call), smc (SMC\n"
+                    "speculative decoding: N particles, K draft tokens per cycle, importance weights, resampling,\n"
+                    "no rollback).",
         epilog="examples:\n"
                "  smcsd generate \"def fibonacci(n):\" --method smc --num-particles 4\n"
                "  smcsd fetch smollm2-135m && smcsd chat \"Name three primary colours.\"\n"
@@ -405,6 +407,14 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def tree_type(text: str):
+    from .drafters.tree import TreeSpec
+    try:
+        return TreeSpec.parse(text)
+    except (TypeError, ValueError) as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
 def add_decode_args(p: argparse.ArgumentParser, max_new_tokens: int = 64) -> None:
     """The decoding options shared by generate and chat: method, length, sampling, speculative settings."""
     p.add_argument("--method", type=method_type, default=None, metavar="METHOD",
@@ -419,7 +429,7 @@ def add_decode_args(p: argparse.ArgumentParser, max_new_tokens: int = 64) -> Non
     s.add_argument("--top-k", type=nonneg_int, default=0, metavar="K", help="0 = off (default: 0)")
     s.add_argument("--top-p", type=top_p_type, default=1.0, metavar="P", help="1 = off (default: 1)")
     s.add_argument("--seed", type=nonneg_int, default=0, help="random seed (default: 0)")
-    sp = p.add_argument_group("speculative methods (sd, sd-multi, smc)")
+    sp = p.add_argument_group("speculative methods (sd, sd-multi, sd-tree, smc)")
     sp.add_argument("--num-speculative-tokens", "-K", type=positive_int, default=None, metavar="K",
                     help="draft tokens proposed per target call (default: the method's, see README)")
     sp.add_argument("--num-particles", "-N", type=positive_int, default=None, metavar="N",
@@ -434,6 +444,9 @@ def add_decode_args(p: argparse.ArgumentParser, max_new_tokens: int = 64) -> Non
                     help="smc: target p_T^alpha (1 = p_T itself; default: 1)")
     sp.add_argument("--select", choices=("sample", "argmax"), default="sample",
                     help="smc: output particle drawn by weight, or the heaviest (default: sample)")
+    sp.add_argument("--tree", type=tree_type, default=None, metavar="SHAPE",
+                    help="sd-tree: children per depth, e.g. 2,1,1,1 (':distinct' or ':top' for how siblings are "
+                         "drawn; '+B' adds B D²SD branches with --drafter d2sd); default: chosen per drafter")
 
 
 # ----------------------------------------------------------------------------------- bench / eval

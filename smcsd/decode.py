@@ -27,6 +27,15 @@ _SELECT = ("sample", "argmax")
 # drafter by experiments/choose_defaults.py; README, "Defaults").
 
 
+def _parse_tree(tree):
+    from .drafters.tree import TreeSpec
+    if isinstance(tree, TreeSpec):
+        return tree
+    if isinstance(tree, str):
+        return TreeSpec.parse(tree)
+    raise TypeError(f"tree must be a smcsd.TreeSpec or a string like '2,2,1,1:sample', got {type(tree).__name__}")
+
+
 def _check_int(name, value, minimum):
     if isinstance(value, bool) or not isinstance(value, numbers.Integral):
         raise TypeError(f"{name} must be an int >= {minimum}, got {value!r}")
@@ -195,6 +204,9 @@ def decode(prompt=None, **kwargs) -> DecodeResult:
     (sd/sd-multi also truncate them with top_k/top_p; smc does not, so they cover p_T's support).
     eos_id: stop token id(s); default the tokenizer's EOS, or with messages its end-of-turn tokens (the stop
     token is included in the output; `texts` drop special tokens).
+    tree: `sd-tree`'s draft tree, a `smcsd.TreeSpec` or its string form ("2,2,1,1", "2,2,1,1:distinct",
+    "1,1,1,1+2" for a D²SD drafter's chain plus 2 re-anchored branches); default: chosen per drafter and backend
+    (`smcsd.defaults.default_tree`) with depth num_speculative_tokens.
     mesh: a `jax.sharding.Mesh` with axes ("data", "model") (`smcsd.make_mesh`): requests x particles
     sharded over "data" (it must divide the number of requests), weights over "model"; see smcsd/mesh.py.
     Every keyword is `prepare`'s. Returns a `DecodeResult` with the new tokens per request (in request order),
@@ -234,6 +246,7 @@ def prepare(
     alpha: float = 1.0,
     select: str = "sample",
     return_particles: bool = False,
+    tree=None,
     mesh=None,
 ) -> Prepared:
     """Check a `decode` call's arguments and lay it out (static spec, traced inputs, params), without compiling or
@@ -283,6 +296,20 @@ def prepare(
                           "(flagged in stats.all_weights_neg_inf). Use method='sd' for exact greedy decoding, or "
                           "set draft_temperature > 0 so particles explore.", stacklevel=2)
 
+    if method == "sd-tree":
+        tree = _defaults.default_tree(draft, K if num_speculative_tokens is not None else None) if tree is None \
+            else _parse_tree(tree)
+        if num_speculative_tokens is not None and num_speculative_tokens != tree.depth:
+            raise ValueError(f"num_speculative_tokens={num_speculative_tokens} disagrees with the tree's depth "
+                             f"{tree.depth} (tree={str(tree)!r}); pass one of them")
+        K = tree.depth
+        if draft is not None:
+            draft.check_tree(tree)
+        if mesh is not None:
+            raise ValueError("sd-tree runs on one device for now; call decode without mesh=")
+    elif tree is not None:
+        raise ValueError(f"tree= shapes method='sd-tree' only, but method is {method!r}; drop tree= or use sd-tree")
+
     if draft is not None and mdef.needs_draft:
         limit = draft.max_tokens_per_proposal
         if limit is not None and K > limit:
@@ -301,7 +328,7 @@ def prepare(
     uses_draft = mdef.needs_draft
     K_eff = K if uses_draft else 0
     N_eff = N if mdef.uses_particles else 1
-    headroom = mdef.headroom(K_eff, N_eff)
+    headroom = mdef.headroom(K_eff, N_eff) if method != "sd-tree" else mdef.headroom(K_eff, N_eff, tree)
     longest = max(len(r) for r in requests)
     max_pos = target.config.max_position_embeddings
     if draft is not None and draft.max_len is not None:
@@ -324,7 +351,8 @@ def prepare(
     spec = StaticSpec(method=method, batch=B, prompt_len=prompt_width, cache_len=cache_len, out_len=out_len,
                       num_stop=max(1, len(stops)), num_speculative_tokens=K_eff, num_particles=N_eff,
                       resampler=resampler if method == "smc" else "", select=select if method == "smc" else "",
-                      return_particles=bool(return_particles) and method == "smc")
+                      return_particles=bool(return_particles) and method == "smc",
+                      tree=tree if method == "sd-tree" else None)
 
     pad = target.tokenizer.pad_id if getattr(target.tokenizer, "pad_id", None) is not None else 0
     prompt_arr = np.full((B, prompt_width), pad, np.int32)

@@ -24,7 +24,7 @@ FILENAME = "decode_defaults.json"
 
 # (N, K) per method when nothing better is known: sd K=4 and sd-multi N=4 K=4 are exact whatever the drafter;
 # smc's N=4 K=4 is the middle of experiments/choose_defaults.py's grid.
-METHOD_DEFAULTS = {"sd": (1, 4), "sd-multi": (4, 4), "smc": (4, 4)}
+METHOD_DEFAULTS = {"sd": (1, 4), "sd-multi": (4, 4), "smc": (4, 4), "sd-tree": (1, 4)}
 GENERIC_METHOD = "sd"  # with a drafter and no stored choice: exact, and the usual speed-up
 
 
@@ -93,6 +93,27 @@ def choose(target, draft, method: str | None) -> Choice:
         if per_method is not None:
             return Choice(method, per_method.get("num_particles", 1), per_method.get("num_speculative_tokens", 1),
                           f"{defaults_path(pair)} ({backend()}, {drafter}, {method})")
-    method = GENERIC_METHOD if method is None else method
+    if method is None:  # a tree drafter is meant for sd-tree
+        method = "sd-tree" if getattr(draft, "kind", None) == "d2sd" else GENERIC_METHOD
     n, k = METHOD_DEFAULTS.get(method, (1, 1))
     return Choice(method, n, k, "generic")
+
+
+# sd-tree's tree when none is given (depth = num_speculative_tokens, default 4). This CPU turns compute-bound past
+# ~8-16 tokens per call, so the tree stays near 9 verified tokens there (2 children at the root, then chains:
+# experiments/tree_bench.py); an accelerator verifies tens of tokens for about the price of one.
+TREE_DEFAULTS = {"cpu": {"branching": (2,), "branches": 2}, "accelerator": {"branching": (4, 2, 2), "branches": 3}}
+
+
+def default_tree(draft, depth: int | None = None):
+    """The `TreeSpec` `sd-tree` runs when `tree=` is left out: a D²SD drafter's chain plus re-anchored branches,
+    else a product tree with the backend's branching at the first depths and single children below."""
+    from .drafters.tree import TreeSpec
+    if depth is None:  # 4, or less where the drafter drafts fewer tokens per proposal
+        depth = min(4, getattr(draft, "max_tokens_per_proposal", None) or 4)
+    depth = int(depth)
+    d = TREE_DEFAULTS[backend()]
+    if getattr(draft, "kind", None) == "d2sd":
+        return TreeSpec((1,) * depth, "sample", min(d["branches"], depth))
+    head = d["branching"][:depth]
+    return TreeSpec(tuple(head) + (1,) * (depth - len(head)), "sample")

@@ -37,6 +37,7 @@ class StaticSpec:
     resampler: str = "systematic"
     select: str = "sample"
     return_particles: bool = False
+    tree: object = None  # sd-tree: the tree's shape (smcsd.drafters.tree.TreeSpec)
 
 
 class ProgramInputs(NamedTuple):

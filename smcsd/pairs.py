@@ -6,7 +6,8 @@ the fetchable SmolLM2); the drafters are:
   `models/shipped/<pair>/drafters/<name>/` holds the others (`ar-distilled`, later `dflash`, `pard2`, ...), each a
   checkpoint directory (config.json + model.safetensors, as `experiments/train_pair.py` and `smcsd.train` export);
 - parameter-free drafters that work with any target: `prompt-lookup`.
-Names say the kind: `ar`, `ar-distilled`, `prompt-lookup` (and later `dflash`, `dflash-dpace`, `pard2`, ...).
+Names say the kind: `ar`, `ar-distilled`, `prompt-lookup`, `dflash`, `dflash-dpace`, `d2sd` (a `D2SDDrafter`: its
+variable-prefix network with a `d2sd.json` naming the main block drafter), and later `pard2`, ...
 """
 
 from __future__ import annotations
@@ -17,11 +18,12 @@ import os
 from models.registry import FETCHABLE, available_models, load_pair as _load_target_pair, load_target
 from models.shipped import SHIPPED_DIR, load_model_dir
 
-from .drafters import BlockDrafter, PromptLookup
+from .drafters import BlockDrafter, D2SDDrafter, PromptLookup
 
 # Model drafters, best first: `load(pair)` returns the first one the pair has.
 MODEL_DRAFTERS = ("ar-distilled", "ar")
 BLOCK_DRAFTERS = ("dflash-dpace", "dflash")
+TREE_DRAFTERS = ("d2sd",)  # a variable-prefix block drafter + d2sd.json naming its main drafter
 PARAM_FREE = {"prompt-lookup": PromptLookup}
 
 
@@ -41,7 +43,7 @@ def _check_pair(pair) -> str:
 def available_drafters(pair: str = "tiny-code") -> list[str]:
     """Drafter names `load(pair, drafter=...)` accepts, the pair's best model drafter first."""
     _check_pair(pair)
-    return [n for n in MODEL_DRAFTERS + BLOCK_DRAFTERS if _drafter_dir(pair, n)] + sorted(PARAM_FREE)
+    return [n for n in MODEL_DRAFTERS + BLOCK_DRAFTERS + TREE_DRAFTERS if _drafter_dir(pair, n)] + sorted(PARAM_FREE)
 
 
 def load(pair: str = "tiny-code", drafter: str | None = None, dtype: str | None = None):
@@ -64,6 +66,8 @@ def load(pair: str = "tiny-code", drafter: str | None = None, dtype: str | None 
     if drafter in BLOCK_DRAFTERS:
         block = BlockDrafter.load(_drafter_dir(pair, drafter), dtype=target.config.dtype, name=f"{pair}/{drafter}")
         return target, block.bind(target)  # raises if the checkpoint does not fit this target
+    if drafter in TREE_DRAFTERS:
+        return target, _load_d2sd(pair, drafter, target)
     if drafter == "ar" and pair not in FETCHABLE:
         return target, _load_target_pair(pair)[1]
     model = load_model_dir(_drafter_dir(pair, drafter), name=f"{pair}/{drafter}")
@@ -74,3 +78,20 @@ def load(pair: str = "tiny-code", drafter: str | None = None, dtype: str | None 
     if pair in FETCHABLE and model.config.dtype != target.config.dtype:
         model = model.astype(target.config.dtype)
     return target, model
+
+
+def _load_d2sd(pair: str, name: str, target) -> D2SDDrafter:
+    import json
+    path = _drafter_dir(pair, name)
+    meta_path = os.path.join(path, "d2sd.json")
+    if not os.path.isfile(meta_path):
+        raise ValueError(f"{path} has no d2sd.json naming its main drafter; it is not a D²SD drafter")
+    with open(meta_path) as f:
+        main_name = json.load(f)["main"]
+    main_dir = _drafter_dir(pair, main_name)
+    if main_dir is None:
+        raise ValueError(f"{meta_path} names main drafter {main_name!r}, which pair {pair!r} does not have")
+    dt = target.config.dtype
+    main = BlockDrafter.load(main_dir, dtype=dt, name=f"{pair}/{main_name}")
+    vp = BlockDrafter.load(path, dtype=dt, name=f"{pair}/{name}-vp")
+    return D2SDDrafter(main, vp, name=f"{pair}/{name}").bind(target)

@@ -65,6 +65,15 @@ def test_generate_random_smc_json(capsys):
     assert res["stats"]["num_resamples"] is not None
 
 
+def test_generate_random_sd_tree_json(capsys):
+    code, out, err = run(capsys, "generate", PROMPT, "--model", "random", "--method", "sd-tree", "--tree",
+                         "2,1:distinct", "--max-new-tokens", "8", "--json")
+    assert code == 0, err
+    res = json.loads(out)
+    assert res["stats"]["method"] == "sd-tree" and 1 <= len(res["tokens"][0]) <= 8
+    assert len(res["stats"]["accepted_per_position"]) == 2  # one count per tree depth
+
+
 def test_generate_stdin_json_ar(capsys, monkeypatch):
     import io
     monkeypatch.setattr("sys.stdin", io.StringIO(PROMPT))
@@ -177,6 +186,7 @@ def test_generate_local_checkpoints(capsys, tmp_path):
     (["generate", "x", "--max-new-tokens", "0"], "--max-new-tokens"),
     (["generate", "x", "--num-particles", "zero"], "--num-particles"),
     (["generate", "x", "--resampler", "bogus"], "--resampler"),
+    (["generate", "x", "--method", "sd-tree", "--tree", "2,zero"], "--tree"),
     (["generate", "x", "--model", "no-such-pair"], "--model"),
     (["generate", "x", "--target", "/no/such/dir"], "--target"),
     (["generate", "x", "--model", "random", "--max-new-tokens", "100000"], "max_new_tokens"),  # a library error

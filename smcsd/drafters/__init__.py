@@ -4,16 +4,20 @@
 - `PromptLookup()`: n-gram lookup in the prompt and output so far, no params.
 - `BlockDrafter` (DFlash): a block of drafts from one forward over [anchor, MASK x (B-1)], conditioned on the
   target's hidden states.
+- `D2SDDrafter` (D²SD): a block drafter's chain plus branches re-anchored by a variable-prefix block drafter where
+  rejection is likely, verified as one tree by `sd-tree` (tree shapes: `TreeSpec`, drafters/tree.py).
 """
 
 from __future__ import annotations
 
 from .ar import ARDrafter
 from .block import BlockConfig, BlockDrafter
+from .d2sd import D2SDDrafter
+from .tree import TreeSpec
 from .base import Drafter, Proposal, TokenHistory, TreeProposal, initial_feed
 from .prompt_lookup import PromptLookup
 
-KINDS = {"ar": ARDrafter, "prompt-lookup": PromptLookup, "dflash": BlockDrafter}
+KINDS = {"ar": ARDrafter, "prompt-lookup": PromptLookup, "dflash": BlockDrafter, "d2sd": D2SDDrafter}
 
 
 def as_drafter(draft):
@@ -28,5 +32,5 @@ def as_drafter(draft):
                     f"or None, got {type(draft).__name__}")
 
 
-__all__ = ["ARDrafter", "BlockConfig", "BlockDrafter", "Drafter", "KINDS", "PromptLookup", "Proposal", "TokenHistory", "TreeProposal",
+__all__ = ["ARDrafter", "BlockConfig", "BlockDrafter", "D2SDDrafter", "Drafter", "TreeSpec", "KINDS", "PromptLookup", "Proposal", "TokenHistory", "TreeProposal",
            "as_drafter", "initial_feed"]

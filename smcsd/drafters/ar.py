@@ -13,11 +13,12 @@ import dataclasses
 import jax
 import jax.numpy as jnp
 
-from models import LanguageModel, ModelConfig, forward_cached
+from models import LanguageModel, ModelConfig, forward_cached, forward_tree
 
 from ..engine import prefill
 from ..sampling import process_logits, sample
-from .base import Drafter, Proposal
+from .base import Drafter, Proposal, TreeProposal
+from .tree import product_tree, static_ancestors
 
 
 @dataclasses.dataclass(frozen=True, init=False)
@@ -106,3 +107,33 @@ class ARDrafter(Drafter):
         tokens = jnp.concatenate([tok0[:, None], toks.T], axis=1)
         logq = jnp.concatenate([logq0[:, None], jnp.swapaxes(logqs, 0, 1)], axis=1)
         return Proposal(tokens, logq, cache)
+
+    def propose_tree(self, params, state, feed, feed_count, key, sampling, tree) -> TreeProposal:
+        """A product tree (`tree.branching`) level by level: one call on the pending tokens, then one tree-masked
+        call per level over that level's nodes (each node attends to the context and its ancestors; RoPE position
+        = depth), so D = tree.depth calls like a chain of D. The deepest level is never fed (as x_K in `sd`)."""
+        if tree.branches:
+            raise ValueError("D²SD branches (tree '+B') need a D2SDDrafter; an AR drafter builds product trees only")
+        config = self.model_config
+        logits, cache = forward_cached(config, params, feed, state, num_valid=feed_count)
+        root = process_logits(jnp.take_along_axis(logits, (feed_count - 1)[:, None, None], axis=1), sampling)
+        base = cache.lengths  # the slot after x_0: node m goes to base + m
+        R, widths = feed.shape[0], tree.level_widths
+        anc = jnp.asarray(static_ancestors(tree))
+        offsets = [sum(widths[:d]) for d in range(tree.depth)]
+        box = [cache]
+
+        def level_logq(d, toks):
+            if d == 0:
+                return root
+            o, w = offsets[d - 1], widths[d - 1]
+            idx = jnp.broadcast_to(jnp.arange(o, o + w, dtype=jnp.int32), (R, w))
+            lg, box[0] = forward_tree(config, params, toks[d - 1], box[0], base, idx, jnp.full((R, w), d - 1),
+                                      jnp.broadcast_to(anc[o:o + w], (R, w, anc.shape[1])))
+            return process_logits(lg, sampling)
+
+        tokens, logq, valid = product_tree(key, tree, level_logq)
+        parents, depths = tree.product_layout()
+        M = len(parents)
+        return TreeProposal(tokens, jnp.broadcast_to(jnp.asarray(parents), (R, M)),
+                            jnp.broadcast_to(jnp.asarray(depths), (R, M)), logq, valid, box[0])

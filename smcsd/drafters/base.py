@@ -50,15 +50,18 @@ class Proposal(NamedTuple):
 
 
 class TreeProposal(NamedTuple):
-    """A token tree of M nodes per row (declared for tree drafters: D²SD, SpecBlock; used by `sd-tree`).
+    """A token tree of M nodes per row (`propose_tree`; verified by `sd-tree`, smcsd/sd_tree.py).
 
-    Node m has parent `parents[r, m]` (−1: a child of the pending token x_0) and depth `depths[r, m]` (1 = a
-    child of x_0); `logq[r, m]` is the distribution node m was drawn from (at its parent's context)."""
+    Node m has parent `parents[r, m]` (< m; −1: a child of the pending token x_0) and depth `depths[r, m]` (1 = a
+    child of x_0). `logq[r, m]` is node m's *trial distribution*: the law it was drawn from given its parent's
+    context and its earlier siblings (q itself for i.i.d. children; see smcsd/drafters/tree.py). Nodes with
+    `valid` False (a slot the tree did not fill) are never tried. Siblings are tried in index order."""
 
     tokens: jax.Array  # int32[R, M]
     parents: jax.Array  # int32[R, M]
     depths: jax.Array  # int32[R, M]
     logq: jax.Array  # float32[R, M, V]
+    valid: jax.Array  # bool[R, M]
     state: Any
 
 
@@ -92,6 +95,17 @@ class TokenHistory:
         rows = jnp.arange(self.batch_size)[:, None]
         moved = self.tokens[src[:, None], jnp.minimum(pos, self.max_len - 1)]
         return self.replace(tokens=self.tokens.at[rows, pos].set(moved, mode="drop"))
+
+    def compact(self, start, index, count) -> "TokenHistory":
+        """Slot start + j <- slot start + index[r, j] for j < count[r] (`models.KVCache.compact`'s twin)."""
+        index = jnp.asarray(index, jnp.int32)
+        D = index.shape[1]
+        rows = jnp.arange(self.batch_size)[:, None]
+        start = jnp.asarray(start, jnp.int32)[:, None]
+        src = jnp.clip(start + index, 0, self.max_len - 1)
+        dst = jnp.where(jnp.arange(D)[None, :] < jnp.asarray(count)[:, None], start + jnp.arange(D)[None, :],
+                        self.max_len)
+        return self.replace(tokens=self.tokens.at[rows, dst].set(self.tokens[rows, src], mode="drop"))
 
     def set_lengths(self, lengths) -> "TokenHistory":
         return self.replace(lengths=jnp.broadcast_to(jnp.asarray(lengths, jnp.int32), self.lengths.shape))
@@ -151,6 +165,10 @@ class Drafter:
         """Batched drafter forward calls per `propose` of `num_tokens` (stats.num_draft_calls)."""
         return num_tokens
 
+    def tree_calls(self, tree) -> int:
+        """Batched drafter forward calls per `propose_tree` (stats.num_draft_calls of `sd-tree`)."""
+        return self.calls_per_proposal(tree.depth)
+
     # ------------------------------------------------------------------ traced
     def init(self, params, prompt, prompt_len, cache_len: int, rows_per_prompt: int, target_hidden=None,
              suffix_len: int | None = None):
@@ -164,6 +182,25 @@ class Drafter:
 
     def propose(self, params, state, feed, feed_count, key, sampling, num_tokens: int) -> Proposal:
         raise NotImplementedError
+
+    def propose_tree(self, params, state, feed, feed_count, key, sampling, tree) -> TreeProposal:
+        """A token tree of shape `tree` (`smcsd.drafters.tree.TreeSpec`) per row, for `sd-tree`. Nodes the drafter
+        writes into its state sit at slots `base + m` (base = the position after x_0), so the method can keep
+        the accepted path with `compact`."""
+        raise ValueError(f"{self.describe()} drafts chains only; sd-tree needs a drafter with tree proposals "
+                         "(ARDrafter, BlockDrafter, D2SDDrafter): use method='sd' or 'sd-multi' with this one")
+
+    def check_tree(self, tree) -> None:
+        """Host-side: raise ValueError (naming the fix) unless `propose_tree` can build `tree`."""
+        if type(self).propose_tree is Drafter.propose_tree:
+            self.propose_tree(None, None, None, None, None, None, tree)  # raises: chains only
+        if tree.branches:
+            raise ValueError(f"tree {str(tree)!r} asks for D²SD branches ('+{tree.branches}'), which need a D2SDDrafter "
+                             f"(smcsd.load(pair, drafter='d2sd')); {self.describe()} builds product trees only")
+        limit = self.max_tokens_per_proposal
+        if limit is not None and tree.depth > limit:
+            raise ValueError(f"tree depth {tree.depth} is more than {self.describe()} drafts per proposal (at most "
+                             f"{limit}); use a shallower tree")
 
     def observe(self, params, state, tokens, target_hidden, start, num_valid):
         """After verification: `tokens [R, T]` were verified at target positions `start[r]..start[r]+T-1` and the
@@ -184,6 +221,10 @@ class Drafter:
 
     def gather(self, state, index):
         return state.gather(index)
+
+    def compact(self, state, start, index, count):
+        """After a tree cycle: the accepted path's node slots `start + index[r, j]` -> `start + j`, j < count[r]."""
+        return state.compact(start, index, count)
 
 
 def initial_feed(first_token):

@@ -40,7 +40,8 @@ from models.rope import apply_rope, inverse_frequencies, rope_tables
 from models.transformer import MLP, Part, RMSNorm, _dense, attend
 
 from ..sampling import process_logits, sample
-from .base import Drafter, Proposal, check_hidden_layers
+from .base import Drafter, Proposal, TreeProposal, check_hidden_layers
+from .tree import product_tree
 
 
 
@@ -167,10 +168,17 @@ def head_params(target) -> dict:
     return {"embed": embed, "head": embed if c.tie_word_embeddings else p["lm_head"]}
 
 
-def _embed_block(net_params, shared, anchors, block_size: int, dt):
-    """Block inputs `[R, B, H]`: the anchor token's embedding, then the mask embedding B-1 times."""
+def _embed_block(net_params, shared, anchors, block_size: int, dt, prefix=None, prefix_len=None):
+    """Block inputs `[R, B, H]`: the anchor token's embedding, then the mask embedding B-1 times.
+
+    With `prefix [R, B-1]` and `prefix_len [R]` (a variable-prefix drafter, D²SD) block positions 1..prefix_len[r]
+    hold the embeddings of the given tokens `prefix[r, :prefix_len[r]]` instead of the mask."""
     a = jnp.take(shared["embed"], anchors, axis=0).astype(dt)[:, None, :]
     m = jnp.broadcast_to(net_params["mask_embedding"].astype(dt), (anchors.shape[0], block_size - 1, a.shape[-1]))
+    if prefix is not None:  # [R, <= B-1]: tokens past its width are never shown
+        prefix = jnp.pad(prefix, ((0, 0), (0, block_size - 1 - prefix.shape[1])))
+        given = jnp.arange(1, block_size)[None, :] <= prefix_len[:, None]  # [R, B-1]
+        m = jnp.where(given[..., None], jnp.take(shared["embed"], prefix, axis=0).astype(dt), m)
     return jnp.concatenate([a, m], axis=1)
 
 
@@ -366,29 +374,31 @@ class BlockDrafter(Drafter):
             v = v.at[i, rows, slots].set(v_.astype(v.dtype), mode="drop")
         return state.replace(k=k, v=v)
 
-    def block_logits_at(self, params, state: KVCache, anchors, ctx_len, num_tokens: int):
+    def block_logits_at(self, params, state: KVCache, anchors, ctx_len, num_tokens: int, prefix=None, prefix_len=None,
+                        repeat: int = 1):
         """Logits `[R, num_tokens, V]` of block positions 1..num_tokens for `anchors [R]` at positions `ctx_len`,
-        attending to the first `ctx_len[r]` context slots of `state`."""
+        attending to the first `ctx_len[r]` context slots of `state`.
+
+        A variable-prefix network (D²SD) also takes `prefix [R, B-1]` / `prefix_len [R]`: positions 1..prefix_len
+        show those tokens. With `repeat = n` there are n blocks per state row (rows r*n .. r*n+n-1 read state row r,
+        `ctx_len` per state row): D²SD's branches re-anchored on one context, read once for all of them."""
         c, B = self.block_config.model, self.block_config.block_size
         R, S = anchors.shape[0], state.slots
-        x = _embed_block(params["net"], params, anchors, B, c.jnp_dtype)
-        positions = ctx_len[:, None] + jnp.arange(B, dtype=jnp.int32)[None, :]
+        x = _embed_block(params["net"], params, anchors, B, c.jnp_dtype, prefix, prefix_len)
+        positions = jnp.repeat(ctx_len, repeat)[:, None] + jnp.arange(B, dtype=jnp.int32)[None, :]
         own = ctx_len - state.offsets()  # context slots in the rows' own buffers
-        ctx_mask = jnp.broadcast_to((jnp.arange(S)[None, :] < own[:, None])[:, None, :], (R, B, S))
-        ctx = [[Part(state.k[i], state.v[i], ctx_mask)] for i in range(c.num_hidden_layers)]
+        ctx_mask = jnp.arange(S)[None, :] < own[:, None]  # [state rows, S]: the same for every query of a row
+        ctx = [[Part(state.k[i], state.v[i], ctx_mask, repeat)] for i in range(c.num_hidden_layers)]
         if state.prefix is not None:  # the prompt's context, stored once per request
             pre = state.prefix
             pmask = jnp.arange(pre.width)[None, :] < pre.lengths[:, None]
-            ctx = [[Part(pre.k[i], pre.v[i], pmask, pre.group)] + parts for i, parts in enumerate(ctx)]
+            ctx = [[Part(pre.k[i], pre.v[i], pmask, pre.group * repeat)] + parts for i, parts in enumerate(ctx)]
         blk_mask = jnp.ones((R, B, B), bool)
         h = self._net().apply({"params": params["net"]}, x, positions, ctx, blk_mask, method=BlockNet.block_hidden)
         return _logits(h[:, 1:num_tokens + 1], params)
 
     def propose(self, params, state, feed, feed_count, key, sampling, num_tokens: int) -> Proposal:
-        B = self.block_config.block_size
-        if num_tokens > B - 1:
-            raise ValueError(f"num_speculative_tokens={num_tokens} exceeds what this block drafter predicts in one "
-                             f"pass (block_size - 1 = {B - 1}); use K <= {B - 1}")
+        self._check_depth(num_tokens)
         anchors = jnp.take_along_axis(feed, (feed_count - 1)[:, None], axis=1)[:, 0]
         ctx_len = state.lengths + feed_count - 1
         logq = process_logits(self.block_logits_at(params, state, anchors, ctx_len, num_tokens), sampling)
@@ -399,6 +409,37 @@ class BlockDrafter(Drafter):
     def observe(self, params, state, tokens, target_hidden, start, num_valid):
         del tokens, num_valid  # slots past the committed length are masked by the lengths the method sets
         return self.write_context(params, state, target_hidden, start)
+
+    def _check_depth(self, num_tokens):
+        B = self.block_config.block_size
+        if num_tokens > B - 1:
+            raise ValueError(f"num_speculative_tokens={num_tokens} exceeds what this block drafter predicts in one "
+                             f"pass (block_size - 1 = {B - 1}); use K <= {B - 1}")
+
+    def propose_tree(self, params, state, feed, feed_count, key, sampling, tree) -> TreeProposal:
+        """A product tree from one block forward: every node at depth d draws its children from the block's
+        position-(d+1) distribution (a block position does not depend on the tokens drafted before it, so all
+        nodes of a depth share it)."""
+        if tree.branches:
+            raise ValueError("D²SD branches (tree '+B') need a D2SDDrafter (a variable-prefix network); a plain "
+                             "block drafter builds product trees only")
+        self._check_depth(tree.depth)
+        anchors = jnp.take_along_axis(feed, (feed_count - 1)[:, None], axis=1)[:, 0]
+        logq = process_logits(self.block_logits_at(params, state, anchors, state.lengths + feed_count - 1,
+                                                   tree.depth), sampling)  # [R, D, V]
+        widths = (1,) + tree.level_widths
+        R, V = logq.shape[0], logq.shape[-1]
+        tokens, trial, valid = product_tree(
+            key, tree, lambda d, _: jnp.broadcast_to(logq[:, d:d + 1], (R, widths[d], V)))
+        parents, depths = tree.product_layout()
+        M = len(parents)
+        return TreeProposal(tokens, jnp.broadcast_to(jnp.asarray(parents), (R, M)),
+                            jnp.broadcast_to(jnp.asarray(depths), (R, M)), trial, valid,
+                            state.set_lengths(state.lengths + feed_count + tree.depth - 1))
+
+    def compact(self, state, start, index, count):
+        del start, index, count  # the state holds target features only, written by observe along the path
+        return state
 
 
 def reference_logits(drafter: BlockDrafter, target_hidden, anchor_pos: int, anchor_token, num_tokens: int):

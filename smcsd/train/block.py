@@ -34,7 +34,8 @@ from .data import TeacherStream, TextCorpus
 from .loop import TrainResult, train, training_info
 from .losses import dflash_gamma, dflash_weights, dpace_weights, token_cross_entropy, token_forward_kl_topk
 
-__all__ = ["WEIGHTINGS", "block_loss", "block_train_logits", "sample_anchors", "train_block_drafter"]
+__all__ = ["WEIGHTINGS", "block_loss", "block_train_logits", "sample_anchors", "sample_prefix_lengths",
+           "train_block_drafter"]
 
 WEIGHTINGS = ("dflash", "dpace", "uniform")
 
@@ -49,26 +50,39 @@ def sample_anchors(seed: int, step: int, batch: int, seq_len: int, num_anchors: 
     return np.sort(np.stack([rng.choice(hi, num_anchors, replace=False) + 1 for _ in range(batch)]), 1).astype(np.int32)
 
 
-def block_train_logits(config: BlockConfig, net_params, shared, tokens, hidden, anchors):
+def sample_prefix_lengths(seed: int, step: int, shape, block_size: int, decay: float) -> np.ndarray:
+    """int32 visible-prefix lengths p in {0..B−2} with Pr(p) ∝ decay^p (D²SD's variable-prefix drafter training),
+    one per anchor of `shape`; a pure function of (seed, step)."""
+    if not 0 < decay <= 1:
+        raise ValueError(f"prefix_decay must be in (0, 1], got {decay!r}")
+    w = decay ** np.arange(block_size - 1)
+    rng = np.random.default_rng([seed, step, 0x9FE])
+    return rng.choice(block_size - 1, size=shape, p=w / w.sum()).astype(np.int32)
+
+
+def block_train_logits(config: BlockConfig, net_params, shared, tokens, hidden, anchors, prefix_len=None):
     """Logits `[Bt, A, B−1, V]` of every block position k = 1..B−1 of `anchors [Bt, A]` in `tokens [Bt, T]`, given
     the target's hidden states `hidden [Bt, T, n*H]`; also the gold labels `[Bt, A, B−1]` (clipped at T−1) and
-    whether they exist (`in_range`)."""
+    whether they exist (`in_range`). With `prefix_len [Bt, A]` block positions 1..p show their gold tokens instead
+    of the mask (the variable-prefix drafter's input)."""
     Bt, T = tokens.shape
     A, B, dt = anchors.shape[1], config.block_size, config.model.jnp_dtype
     pos = jnp.broadcast_to(jnp.arange(T, dtype=jnp.int32), (Bt, T))
     offs = jnp.arange(B, dtype=jnp.int32)
     bpos = (anchors[:, :, None] + offs).reshape(Bt, A * B)
     anchor_tok = jnp.take_along_axis(tokens, anchors, axis=1)
-    x = _embed_block(net_params, shared, anchor_tok.reshape(-1), B, dt).reshape(Bt, A * B, -1)
+    where = anchors[:, :, None] + offs[1:]  # [Bt, A, B-1]: the predicted positions
+    labels = jnp.take_along_axis(tokens, jnp.minimum(where, T - 1).reshape(Bt, -1), axis=1).reshape(where.shape)
+    given = {} if prefix_len is None else {"prefix": labels.reshape(Bt * A, B - 1),
+                                           "prefix_len": prefix_len.reshape(-1)}
+    x = _embed_block(net_params, shared, anchor_tok.reshape(-1), B, dt, **given).reshape(Bt, A * B, -1)
     a_of = jnp.repeat(anchors, B, axis=1)  # [Bt, A*B]: each query's anchor
     ctx_mask = jnp.arange(T)[None, None, :] < a_of[:, :, None]
     blk = jnp.repeat(jnp.arange(A), B)
     blk_mask = jnp.broadcast_to(blk[:, None] == blk[None, :], (Bt, A * B, A * B))
     h = BlockNet(config).apply({"params": net_params}, hidden, pos, x, bpos, ctx_mask, blk_mask)
     h = h.reshape(Bt, A, B, -1)[:, :, 1:]
-    where = anchors[:, :, None] + offs[1:]  # [Bt, A, B-1]: the predicted positions
     in_range = where < T
-    labels = jnp.take_along_axis(tokens, jnp.minimum(where, T - 1).reshape(Bt, -1), axis=1).reshape(where.shape)
     return _logits(h.reshape(Bt, A * (B - 1), -1), shared).reshape(Bt, A, B - 1, -1), labels, in_range
 
 
@@ -83,7 +97,9 @@ def _gather_teacher(arr, anchors, B):
 def block_loss(config: BlockConfig, weighting: str, gamma: float | None = None, dpace_a: float = 0.5,
                ce_weight: float = 1.0, kl_weight: float = 0.0, pad_id: int | None = None) -> Callable:
     """loss_fn(net_params, batch) -> (loss, aux) for `train`; batch holds tokens, hidden, anchors, the target's
-    `embed` / `head` (frozen: passed as data, never updated) and, with kl_weight > 0, topk_ids / topk_logp."""
+    `embed` / `head` (frozen: passed as data, never updated) and, with kl_weight > 0, topk_ids / topk_logp.
+    With `prefix_len [Bt, A]` in the batch (variable-prefix drafter) positions k <= p are given, not predicted: no
+    loss there, and the DFlash weights restart after the prefix (w = exp(−(k−p−1)/γ), D²SD's recipe)."""
     if weighting not in WEIGHTINGS:
         raise ValueError(f"weighting must be one of {WEIGHTINGS}, got {weighting!r}")
     B = config.block_size
@@ -92,9 +108,12 @@ def block_loss(config: BlockConfig, weighting: str, gamma: float | None = None, 
     def loss_fn(net_params, batch):
         tokens, anchors = batch["tokens"], batch["anchors"]
         shared = {"embed": batch["embed"], "head": batch["head"]}
-        logits, labels, valid = block_train_logits(config, net_params, shared, tokens, batch["hidden"], anchors)
+        plen = batch.get("prefix_len")
+        logits, labels, valid = block_train_logits(config, net_params, shared, tokens, batch["hidden"], anchors, plen)
         if pad_id is not None:
             valid = valid & (labels != pad_id)
+        shift = 0 if plen is None else plen[..., None]  # positions 1..p are given
+        valid = valid & (jnp.arange(1, B) > shift)
         m = valid.astype(jnp.float32)
         ce = token_cross_entropy(logits, labels)  # [Bt, A, B-1]
         per_pos = ce_weight * ce
@@ -107,7 +126,8 @@ def block_loss(config: BlockConfig, weighting: str, gamma: float | None = None, 
             w = dpace_weights(jnp.exp(-ce), m, dpace_a)
             loss = (w * m * per_pos).sum() / (anchors.shape[0] * anchors.shape[1])
         else:
-            w = dflash_weights(B - 1, gamma) if weighting == "dflash" else jnp.ones((B - 1,), jnp.float32)
+            k = jnp.arange(1, B) - shift  # position within the predicted part
+            w = jnp.exp(-(jnp.maximum(k, 1) - 1) / gamma) if weighting == "dflash" else jnp.ones((B - 1,), jnp.float32)
             wm = w * m
             loss = (wm * per_pos).sum() / jnp.maximum(wm.sum(), 1e-9)
         n = jnp.maximum(m.sum(), 1.0)
@@ -122,18 +142,21 @@ def _eval_program(config: BlockConfig, pad_id: int | None):
 
     def ev(net_params, batch):
         shared = {"embed": batch["embed"], "head": batch["head"]}
-        anchors = batch["anchors"]
+        anchors, plen = batch["anchors"], batch.get("prefix_len")
         logits, labels, valid = block_train_logits(config, net_params, shared, batch["tokens"], batch["hidden"],
-                                                   anchors)
+                                                   anchors, plen)
         if pad_id is not None:
             valid = valid & (labels != pad_id)
+        given = jnp.arange(1, B) <= (0 if plen is None else plen[..., None])
+        valid = valid & ~given
         m = valid.astype(jnp.float32)
         ce = token_cross_entropy(logits, labels)
         q = jax.nn.softmax(logits, -1)
         ids = _gather_teacher(batch["topk_ids"], anchors, B)
         p = jnp.exp(_gather_teacher(batch["topk_logp"], anchors, B))
         alpha = jnp.minimum(p, jnp.take_along_axis(q, ids, -1)).sum(-1) * m  # [Bt, A, B-1]
-        acc_len = jnp.cumprod(alpha, axis=-1).sum(-1)  # E[accepted] of each block (0 past a missing position)
+        # E[accepted] of each block after its given prefix (0 past a missing position)
+        acc_len = (jnp.cumprod(jnp.where(given, 1.0, alpha), axis=-1) * ~given).sum(-1)
         return ((ce * m).sum(), m.sum(), alpha.sum((0, 1)), m.sum((0, 1)), acc_len.sum(),
                 jnp.float32(anchors.shape[0] * anchors.shape[1]))
     return jax.jit(ev)
@@ -147,12 +170,15 @@ def train_block_drafter(target, drafter: BlockDrafter, corpus: TextCorpus | Teac
                         resume: bool = False, overwrite: bool = False, out: str | None = None,
                         export_dtype: str = "float32", eval_every: int = 100, ckpt_every: int = 100,
                         eval_rows: int | None = 64, progress: bool = True, stop_after: int | None = None,
-                        curves_path: str | None = None, command: str | None = None) -> TrainResult:
+                        curves_path: str | None = None, command: str | None = None,
+                        prefix_decay: float | None = None) -> TrainResult:
     """Train `drafter` (a `BlockDrafter`, e.g. `BlockDrafter.create(target)`) for `target` on `corpus` with the
     DFlash (`weighting="dflash"`), D-PACE (`"dpace"`) or uniform per-position weights (module docstring).
 
     The target's embedding and LM head stay frozen (they are the target's own); only the drafter's weights are
-    trained, from `drafter.params`. Held-out metrics every `eval_every` steps: ce, accept (mean α over positions,
+    trained, from `drafter.params`. With `prefix_decay` (D²SD's variable-prefix drafter, e.g. 0.9) each block shows
+    its first p gold tokens, p ~ prefix_decay^p over {0..B−2}, and is trained on the positions after them.
+    Held-out metrics every `eval_every` steps: ce, accept (mean α over positions,
     top-k lower bound) and accept_len (expected accepted length at K = B−1). out: `drafter.save` directory with
     `training.json` (settings, final metrics, wall time, command) once the run finishes.
     """
@@ -178,6 +204,8 @@ def train_block_drafter(target, drafter: BlockDrafter, corpus: TextCorpus | Teac
     def batches(step):
         b = dict(stream.batch(step))
         b["anchors"] = sample_anchors(seed, step, len(b["tokens"]), T, num_anchors)
+        if prefix_decay is not None:
+            b["prefix_len"] = sample_prefix_lengths(seed, step, b["anchors"].shape, B, prefix_decay)
         if not kl_weight:
             b.pop("topk_ids", None), b.pop("topk_logp", None)
         return {**b, **shared}
@@ -188,6 +216,8 @@ def train_block_drafter(target, drafter: BlockDrafter, corpus: TextCorpus | Teac
         tot = None
         for i, b in enumerate(stream.eval_batches(eval_rows)):
             b = {**b, "anchors": sample_anchors(10_000 + seed, i, len(b["tokens"]), T, num_anchors), **shared}
+            if prefix_decay is not None:
+                b["prefix_len"] = sample_prefix_lengths(10_000 + seed, i, b["anchors"].shape, B, prefix_decay)
             r = [np.asarray(x, np.float64) for x in ev_prog(p, jax.tree_util.tree_map(jnp.asarray, b))]
             tot = r if tot is None else [x + y for x, y in zip(tot, r)]
         ce_sum, n, a_sum, a_n, len_sum, blocks = tot
@@ -200,7 +230,8 @@ def train_block_drafter(target, drafter: BlockDrafter, corpus: TextCorpus | Teac
             "target_config": stream.config.to_dict(), "target_params": stream.params_fingerprint,
             "corpus": corpus.fingerprint, "batch_size": corpus.batch_size, "seq_len": T, "data_seed": corpus.seed,
             "num_anchors": num_anchors, "gamma": dflash_gamma(B) if gamma is None else gamma, "dpace_a": dpace_a,
-            "ce_weight": ce_weight, "kl_weight": kl_weight, "topk": stream.topk, "seed": seed}
+            "ce_weight": ce_weight, "kl_weight": kl_weight, "topk": stream.topk, "seed": seed,
+            "prefix_decay": prefix_decay}
     name = getattr(target, "name", "target")
     t0 = time.time()
     res = train(loss_fn, drafter.params, batches, steps=steps, lr=lr, warmup=warmup, clip=clip,
@@ -210,7 +241,7 @@ def train_block_drafter(target, drafter: BlockDrafter, corpus: TextCorpus | Teac
                 meta=meta, desc=f"{weighting} block drafter for {name}", command=command)
     h = res.history
     if out and h["finished"]:
-        info = training_info("train_block_drafter", name, stream, res, steps, export_dtype, weighting=weighting,
+        info = training_info("train_block_drafter", name, stream, res, steps, export_dtype, weighting=weighting, prefix_decay=prefix_decay,
                              this_process_s=round(time.time() - t0, 1),
                              budget={"blocks_seen": steps * corpus.batch_size * num_anchors})
         BlockDrafter(config, res.params, name=drafter.name).save(out, export_dtype, info)
