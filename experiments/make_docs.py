@@ -72,6 +72,11 @@ OTHER_RESULTS = [
     ("fidelity_smollm2-135m.json", "Fidelity of smc's outputs vs ar (SmolLM2, dflash-dpace)",
      "experiments/fidelity.py --pair smollm2-135m --drafter dflash-dpace --n 1 2 4 8 16 64 --k 4 --prompts 6 "
      "--samples 2 --temperature 0.7 --max-new-tokens 48", None),
+    ("tree_bench_tiny-code.json", "Token trees on tiny-code at equal verification budget (tokens per target call): "
+     "chain, sd-multi, AR-draft tree, block-drafter tree, D²SD (T=0.7)", "experiments/tree_bench.py --pair tiny-code "
+     "--seeds 3", None),
+    ("tree_bench_smollm2-135m.json", "Token trees on SmolLM2-135M, batch 1, side by side: tokens per call, tokens/s "
+     "and projections", "experiments/tree_bench.py --pair smollm2-135m --timing --budgets 5 9 10 13", None),
     ("cost_model_8b1b.json", "Projected: Llama-3.1-8B + 3.2-1B on H100 / TPU v5e (prompt 256, output 512)",
      "experiments/cost_model.py --device h100 tpu-v5e --bench experiments/results/quick/bench_speed.json "
      "--acceptance 0.81 --pair llama3.1-8b+llama3.2-1b --batch-sizes 1 --num-particles 4 -K 4 "

@@ -14,7 +14,8 @@ budget (5, 9, 13, 17 by default) the families are:
 - block-tree: the block drafter with `sd-tree`, the same shapes with root children drawn without replacement;
 - d2sd: the D²SD drafter with `sd-tree`, the main chain of 4 plus 0..3 re-anchored branches ("1,1,1,1+B").
 Reported per configuration: mean accepted tokens per target call (stats.mean_acceptance_length: accepted + the
-correction/bonus token), its standard error over seeds (tiny-code) or prompts (SmolLM2), and with --timing the
+correction/bonus token, averaged over runs), a standard error from the spread of the per-request tokens per call
+(requests x seeds; clipped at max_new_tokens, so slightly below the mean), and with --timing the
 wall-clock tokens/s at batch 1 (every configuration on every prompt in interleaved rounds; the first round
 compiles and is not timed) with the speed-up over `ar` measured in the same rounds. The cost model
 (experiments/cost_model.py: roofline calls on H100 / TPU v5e) projects each configuration's tokens/s from its
@@ -89,6 +90,12 @@ def configs(budgets, block: str, ar_name: str | None, d2sd: str | None, timing: 
     return out
 
 
+def per_request(res) -> list[float]:
+    """Tokens per target call of each request of a decode (its new tokens after the prefill's / its live calls)."""
+    calls = res.stats.target_calls_per_request or []
+    return [(len(t) - 1) / c for t, c in zip(res.tokens, calls) if c > 0]
+
+
 def se(xs):
     return statistics.stdev(xs) / math.sqrt(len(xs)) if len(xs) > 1 else float("nan")
 
@@ -109,10 +116,10 @@ def _drafter_config(drafter):
 def project(cfg: Config, tokens_per_call: float, tcfg, dcfg, kind, block_size: int, context: int, dev) -> float:
     """Projected tokens/s at batch 1 on `dev`: tokens per call / (drafting + one target call over the budget)."""
     import cost_model as cm
-    tcall, _ = cm.call_time(tcfg, 1, max(cfg.budget, 1), context + cfg.budget, dev)
+    rows = cfg.N if cfg.method == "sd-multi" else 1  # sd-multi: N rows of K + 1 tokens, each with its own cache
+    tcall, _ = cm.call_time(tcfg, rows, max(cfg.budget // rows, 1), context + cfg.budget, dev)
     if cfg.method == "ar":
         return 1.0 / tcall
-    rows = cfg.N if cfg.method == "sd-multi" else 1
     if kind == "block":
         draft, _ = cm.call_time(dcfg, rows, block_size, context, dev, logit_rows=rows * (cfg.budget - 1))
         if cfg.family == "d2sd" and cfg.tree and "+" in cfg.tree:
@@ -173,13 +180,16 @@ def main(argv=None) -> int:
                             temperature=args.temperature, seed=seed, **c.kwargs())
 
     acc = {c: [] for c in cfgs}
+    per_req = {c: [] for c in cfgs}  # tokens per target call of each request (the standard errors)
     speed = {c: [] for c in cfgs}
     ratio = {c: [] for c in cfgs}
     t0 = time.time()
     if not args.timing:  # acceptance: all prompts as one batch, several seeds
         for seed in range(args.seeds):
             for c in cfgs:
-                acc[c].append(run(c, prompts, seed).stats.mean_acceptance_length)
+                r = run(c, prompts, seed)
+                acc[c].append(r.stats.mean_acceptance_length)
+                per_req[c] += per_request(r)
     else:  # batch 1: every configuration on each prompt in turn; round 0 compiles and is not timed
         for rnd in range(args.rounds + 1):
             for i, p in enumerate(prompts):
@@ -194,6 +204,7 @@ def main(argv=None) -> int:
                         ar_speed = tps
                     else:
                         acc[c].append(r.stats.mean_acceptance_length)
+                        per_req[c] += per_request(r)
                     ratio[c].append(tps / ar_speed if ar_speed else float("nan"))
             print(f"round {rnd} done ({time.time() - t0:.0f}s)", flush=True)
 
@@ -207,7 +218,7 @@ def main(argv=None) -> int:
         d_acc = dataclasses.replace(dcfg, dtype="bfloat16") if dcfg is not None else None
         proj = {name: project(c, tpc, t_acc, d_acc, kind, 16, context, dev) for name, dev in cm.DEVICES.items()}
         rows.append({"label": c.label, **dataclasses.asdict(c), "tokens_per_call": tpc if acc[c] else None,
-                     "tokens_per_call_se": se(acc[c]) if acc[c] else None, "samples": len(acc[c]),
+                     "tokens_per_call_se": se(per_req[c]) if per_req[c] else None, "samples": len(per_req[c]),
                      "tokens_per_s": statistics.median(speed[c]) if speed[c] else None,
                      "speedup_vs_ar": statistics.median(ratio[c]) if ratio[c] else None,
                      "projected_tokens_per_s": proj})
@@ -223,7 +234,8 @@ def main(argv=None) -> int:
              + ([report.fmt(r["tokens_per_s"], ".1f"), report.fmt(r["speedup_vs_ar"], ".2f")] if args.timing else [])
              + [report.fmt(r["projected_speedup"]["h100"], ".2f"), report.fmt(r["projected_speedup"]["tpu-v5e"], ".2f")]
              for r in rows]
-    print(report.markdown_table(cols, table))
+    markdown = report.markdown_table(cols, table)
+    print(markdown)
     best = {}
     for r in rows:
         if r["method"] != "ar" and r["tokens_per_call"] is not None:
@@ -233,7 +245,7 @@ def main(argv=None) -> int:
                             machine=report.machine_info(), temperature=args.temperature, max_new_tokens=args.max_new,
                             prompts=len(prompts), seeds=args.seeds if not args.timing else None,
                             timing=args.timing, rounds=args.rounds if args.timing else None,
-                            context_for_projection=context, rows=rows, by_family=best,
+                            context_for_projection=context, rows=rows, by_family=best, markdown=markdown,
                             wall_s=round(time.time() - t0, 1))
     path = args.out or report.results_path(f"tree_bench_{args.pair}{'_quick' if args.quick else ''}.json")
     report.write_json(path, report.json_safe(out))

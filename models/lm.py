@@ -22,23 +22,24 @@ def _module(config: ModelConfig) -> Transformer:
     return Transformer(config)
 
 
-def _apply(config: ModelConfig, params, tokens, positions, kv, hidden_layers, logit_index=None):
+def _apply(config: ModelConfig, params, tokens, positions, kv, hidden_layers, logit_index=None, inputs=None):
     """The model's forward for either params layout (stacked for nn.scan, or per-layer: `unstack_layers`)."""
     if layers_unstacked(params):
         return apply_unrolled(config, params, tokens, positions, kv, hidden_layers=tuple(hidden_layers),
-                              logit_index=logit_index)
+                              logit_index=logit_index, inputs=inputs)
     return _module(config).apply({"params": params}, tokens, positions, kv, hidden_layers=tuple(hidden_layers),
-                                 logit_index=logit_index)
+                                 logit_index=logit_index, inputs=inputs)
 
 
 def forward_cached(config: ModelConfig, params, tokens, cache: KVCache, num_valid=None,
-                   hidden_layers: Sequence[int] = (), logit_index=None):
+                   hidden_layers: Sequence[int] = (), logit_index=None, inputs=None):
     """Write `tokens [B, T]` at each row's cache length, attend causally to everything before.
 
     Returns `(logits float32[B, T, V], cache')` — plus hidden states `[len(hidden_layers), B, T, D]`
     when `hidden_layers` is non-empty. With `logit_index int32[B, n]` the logits are only computed at
     those positions of each row (`[B, n, V]`), e.g. a prefill's last prompt token. Each row's length advances by T, or by `num_valid[B]` for
-    ragged (right-padded) input: entries written past a row's new length are stale and masked.
+    ragged (right-padded) input: entries written past a row's new length are stale and masked. `inputs`: a
+    `models.transformer.InputEdits` (mask-token positions, added features) applied to the input embeddings.
     """
     T = tokens.shape[1]
     if T > cache.max_len:
@@ -46,7 +47,7 @@ def forward_cached(config: ModelConfig, params, tokens, cache: KVCache, num_vali
                          f"allocate a larger cache (init_cache(batch, max_len=...))")
     positions = cache.lengths[:, None] + jnp.arange(T, dtype=jnp.int32)[None, :]
     kv = (cache.k, cache.v) if cache.prefix is None else (cache.k, cache.v, cache.prefix)
-    logits, kv, hidden = _apply(config, params, tokens, positions, kv, hidden_layers, logit_index)
+    logits, kv, hidden = _apply(config, params, tokens, positions, kv, hidden_layers, logit_index, inputs)
     advance = T if num_valid is None else jnp.asarray(num_valid, jnp.int32)
     new_cache = _sharding.constrain_cache(cache.replace(k=kv[0], v=kv[1], lengths=cache.lengths + advance))
     if hidden_layers:
@@ -55,7 +56,7 @@ def forward_cached(config: ModelConfig, params, tokens, cache: KVCache, num_vali
 
 
 def forward_tree(config: ModelConfig, params, tokens, cache: KVCache, base, index, depth, visible,
-                 hidden_layers: Sequence[int] = (), logit_index=None):
+                 hidden_layers: Sequence[int] = (), logit_index=None, inputs=None):
     """A cached forward over token-tree nodes (tree verification and tree drafting; DESIGN.md, "Trees").
 
     Row r's tree region starts at sequence slot `base[r]` (everything before it is committed context, seen by every
@@ -64,7 +65,9 @@ def forward_tree(config: ModelConfig, params, tokens, cache: KVCache, base, inde
     position) and attends to the context and to the region slots j with `visible[r, t, j]` (its ancestors and
     itself: `ancestor_mask`). Several calls may fill one region (a drafter expanding a tree level by level).
     Returns what `forward_cached` does; lengths are left as they were (the caller compacts the accepted path,
-    `KVCache.compact`, and sets them). Works on shared-prefix caches (the region lies after the prompt).
+    `KVCache.compact`, and sets them). Works on shared-prefix caches (the region lies after the prompt). An empty
+    cache with `visible` any attention pattern makes it a forward under that pattern (PARD's COD training).
+    `inputs`: see `forward_cached`.
     """
     T, W = tokens.shape[1], visible.shape[-1]
     base = jnp.asarray(base, jnp.int32)
@@ -78,7 +81,7 @@ def forward_tree(config: ModelConfig, params, tokens, cache: KVCache, base, inde
     mask = (rel < 0)[:, None, :] | (in_region[:, None, :] & vis)
     tree = TreeAttention(slots=jnp.where(slots < 0, jnp.iinfo(jnp.int32).max, slots), mask=mask)
     logits, kv, hidden = _apply(config, params, tokens, positions, (cache.k, cache.v, cache.prefix, tree),
-                                hidden_layers, logit_index)
+                                hidden_layers, logit_index, inputs)
     new_cache = _sharding.constrain_cache(cache.replace(k=kv[0], v=kv[1]))
     return (logits, new_cache, hidden) if hidden_layers else (logits, new_cache)
 
@@ -96,11 +99,12 @@ def ancestor_mask(parents) -> jax.Array:
     return reach
 
 
-def forward_full(config: ModelConfig, params, tokens, hidden_layers: Sequence[int] = ()):
-    """Full-sequence logits `float32[B, T, V]` with plain causal attention and no cache."""
+def forward_full(config: ModelConfig, params, tokens, hidden_layers: Sequence[int] = (), inputs=None):
+    """Full-sequence logits `float32[B, T, V]` with plain causal attention and no cache (`inputs`: see
+    `forward_cached`)."""
     T = tokens.shape[1]
     positions = jnp.broadcast_to(jnp.arange(T, dtype=jnp.int32), tokens.shape)
-    logits, _, hidden = _apply(config, params, tokens, positions, None, hidden_layers)
+    logits, _, hidden = _apply(config, params, tokens, positions, None, hidden_layers, inputs=inputs)
     return (logits, hidden) if hidden_layers else logits
 
 

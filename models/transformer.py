@@ -230,11 +230,11 @@ class Transformer(nn.Module):
 
     @nn.compact
     def __call__(self, tokens, positions, kv=None, key_mask=None, hidden_layers: Sequence[int] = (),
-                 logit_index=None):
+                 logit_index=None, inputs=None):
         c, dt = self.config, self.config.jnp_dtype
         embed = nn.Embed(c.vocab_size, c.hidden_size, dtype=dt, param_dtype=dt, name="embed_tokens",
                          embedding_init=nn.initializers.normal(self.init_std))
-        x = embed(tokens)
+        x = edit_inputs(embed(tokens), inputs)
         cos, sin = rope_tables(positions, inverse_frequencies(c.head_dim, c.rope_theta, c.rope_scaling))
         if key_mask is None:
             key_mask = jnp.ones(tokens.shape, bool)
@@ -257,6 +257,26 @@ class Transformer(nn.Module):
         return logits.astype(jnp.float32), new_kv, (hidden if hidden_layers else None)
 
 
+class InputEdits(NamedTuple):
+    """Changes to a forward's input embeddings (mask-token drafters, PARD-2): positions with `is_mask [B, T]` take
+    `mask_embedding [H]` instead of their token's embedding, then `add [B, T, H]` (or None) is added (e.g. projected
+    target features)."""
+
+    is_mask: jax.Array | None = None
+    mask_embedding: jax.Array | None = None
+    add: jax.Array | None = None
+
+
+def edit_inputs(x, inputs: InputEdits | None):
+    if inputs is None:
+        return x
+    if inputs.is_mask is not None:
+        x = jnp.where(inputs.is_mask[..., None], inputs.mask_embedding.astype(x.dtype), x)
+    if inputs.add is not None:
+        x = x + inputs.add.astype(x.dtype)
+    return x
+
+
 def _split_kv(kv):
     """`(k_all, v_all, prefix, tree)` of a forward's `kv`: None, `(k, v)`, `(k, v, prefix)` (a shared-prefix cache)
     or `(k, v, prefix, tree)` (a tree forward: `TreeAttention`)."""
@@ -274,7 +294,7 @@ def _head(x, w, logit_index):
 
 
 def apply_unrolled(config: ModelConfig, params, tokens, positions, kv=None, key_mask=None,
-                   hidden_layers: Sequence[int] = (), logit_index=None):
+                   hidden_layers: Sequence[int] = (), logit_index=None, inputs=None):
     """`Transformer(config).apply` for params whose "layers" is a tuple of per-layer trees (`unstack_layers`).
 
     Same math and outputs; the layers are unrolled, so every weight matmul reads its own parameter
@@ -283,7 +303,7 @@ def apply_unrolled(config: ModelConfig, params, tokens, positions, kv=None, key_
     """
     c, dt = config, config.jnp_dtype
     embedding = params["embed_tokens"]["embedding"]
-    x = jnp.take(embedding, tokens, axis=0).astype(dt)
+    x = edit_inputs(jnp.take(embedding, tokens, axis=0).astype(dt), inputs)
     cos, sin = rope_tables(positions, inverse_frequencies(c.head_dim, c.rope_theta, c.rope_scaling))
     if key_mask is None:
         key_mask = jnp.ones(tokens.shape, bool)

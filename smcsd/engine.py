@@ -177,7 +177,7 @@ def first_stop_count(tokens, count, stop_ids):
 
 def write_tokens(out, n, new_tokens, count):
     """Write the first `count[r]` of `new_tokens[r]` into `out[r]` starting at column `n[r]`."""
-    R, M = new_tokens.shape
+    R, M = new_tokens.shape[:2]  # trailing axes (e.g. features per token) ride along
     cols = n[:, None] + jnp.arange(M)[None, :]
     cols = jnp.where(jnp.arange(M)[None, :] < count[:, None], cols, out.shape[1])  # out of range -> dropped
     return out.at[jnp.arange(R)[:, None], cols].set(new_tokens, mode="drop")

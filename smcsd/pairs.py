@@ -18,12 +18,13 @@ import os
 from models.registry import FETCHABLE, available_models, load_pair as _load_target_pair, load_target
 from models.shipped import SHIPPED_DIR, load_model_dir
 
-from .drafters import BlockDrafter, D2SDDrafter, PromptLookup
+from .drafters import BlockDrafter, D2SDDrafter, MaskDrafter, PromptLookup
 
 # Model drafters, best first: `load(pair)` returns the first one the pair has.
 MODEL_DRAFTERS = ("ar-distilled", "ar")
 BLOCK_DRAFTERS = ("dflash-dpace", "dflash")
 TREE_DRAFTERS = ("d2sd",)  # a variable-prefix block drafter + d2sd.json naming its main drafter
+MASK_DRAFTERS = ("pard2",)  # PARD-2: a small LM + mask embedding (+ feature projection), pard2.json
 PARAM_FREE = {"prompt-lookup": PromptLookup}
 
 
@@ -43,7 +44,8 @@ def _check_pair(pair) -> str:
 def available_drafters(pair: str = "tiny-code") -> list[str]:
     """Drafter names `load(pair, drafter=...)` accepts, the pair's best model drafter first."""
     _check_pair(pair)
-    return [n for n in MODEL_DRAFTERS + BLOCK_DRAFTERS + TREE_DRAFTERS if _drafter_dir(pair, n)] + sorted(PARAM_FREE)
+    return [n for n in MODEL_DRAFTERS + BLOCK_DRAFTERS + TREE_DRAFTERS + MASK_DRAFTERS if _drafter_dir(pair, n)] \
+        + sorted(PARAM_FREE)
 
 
 def load(pair: str = "tiny-code", drafter: str | None = None, dtype: str | None = None):
@@ -68,6 +70,10 @@ def load(pair: str = "tiny-code", drafter: str | None = None, dtype: str | None 
         return target, block.bind(target)  # raises if the checkpoint does not fit this target
     if drafter in TREE_DRAFTERS:
         return target, _load_d2sd(pair, drafter, target)
+    if drafter in MASK_DRAFTERS:
+        mask = MaskDrafter.load(_drafter_dir(pair, drafter), dtype=target.config.dtype, name=f"{pair}/{drafter}",
+                                tokenizer=target.tokenizer)
+        return target, mask.bind(target)
     if drafter == "ar" and pair not in FETCHABLE:
         return target, _load_target_pair(pair)[1]
     model = load_model_dir(_drafter_dir(pair, drafter), name=f"{pair}/{drafter}")

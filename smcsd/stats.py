@@ -38,6 +38,7 @@ class DecodeStats:
     tokens_per_s: float = 0.0
     compile_time_s: float = 0.0
     cache_len: int = 0
+    target_calls_per_request: list | None = None  # live target calls of each request (speculative methods)
     # SMC-SD only
     ess_per_cycle: list | None = None  # [num_cycles][batch]: ESS before the resampling test
     resampled_per_cycle: list | None = None  # [num_cycles][batch] bools
@@ -91,6 +92,8 @@ def finish_stats(stats: DecodeStats, raw: dict, lengths: np.ndarray) -> DecodeSt
         stats.acceptance_rate = stats.num_accepted_tokens / stats.num_draft_tokens
     if stats.num_drafts:
         stats.mean_acceptance_length = 1.0 + stats.num_accepted_tokens / stats.num_drafts
+    if "live_calls" in raw:
+        stats.target_calls_per_request = [int(x) for x in np.asarray(raw["live_calls"]).reshape(-1)]
     live_calls = int(np.asarray(raw.get("live_calls", 0)).sum())
     if live_calls:
         stats.tokens_per_target_call = float(np.maximum(lengths - 1, 0).sum()) / live_calls

@@ -248,3 +248,20 @@ def test_bench_pair_quick(tmp_path):
         assert r["ran"] == (chosen if r["method"] == "default" else r["method"])
         if r["method"] == "ar":
             assert r["speedup"] == pytest.approx(1.0)
+
+
+@pytest.mark.slow  # ~60 s of compiles; default-run budget
+def test_tree_bench_quick(tmp_path):
+    """experiments/tree_bench.py on tiny-code: every family at budgets 5 and 9, tokens per call in [1, budget],
+    projections positive, and a chain's budget is its K + 1."""
+    sys.path.insert(0, REPO)
+    from experiments import tree_bench
+    out = tmp_path / "tree.json"
+    assert tree_bench.main(["--pair", "tiny-code", "--quick", "--out", str(out)]) == 0
+    rows = _load(out)["rows"]
+    assert {r["family"] for r in rows} >= {"chain", "ar-tree", "block-tree", "d2sd"}
+    for r in rows:
+        assert 1.0 <= r["tokens_per_call"] <= r["budget"], r
+        assert all(v > 0 for v in r["projected_tokens_per_s"].values())
+        if r["family"] == "chain":
+            assert r["budget"] == r["K"] + 1

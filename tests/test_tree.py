@@ -136,7 +136,12 @@ def _tree_exactness(tree, setting, seed=0, draft=None, **kw):
     return chi_square_pvalue(counts, probs), total_variation(counts, probs)
 
 
-@pytest.mark.parametrize("children,setting", [(c, st) for c in TREES for st in SETTINGS])
+# Half of the (builder, setting) grid runs by default, the other half with -m slow (default-run budget).
+DEFAULT_GRID = {("sample", "t1"), ("distinct", "t07_topk3"), ("top", "t1")}
+
+
+@pytest.mark.parametrize("children,setting", [
+    pytest.param(c, st, marks=() if (c, st) in DEFAULT_GRID else pytest.mark.slow) for c in TREES for st in SETTINGS])
 def test_sd_tree_exact(children, setting):
     pvalue, tv = _tree_exactness(TREES[children], setting, seed=3000)
     assert pvalue > P_MIN, f"sd-tree {TREES[children]} {setting}: chi-square p={pvalue:.2e}, TV={tv:.4f}"
@@ -157,6 +162,7 @@ def test_sd_tree_broken_rule_is_detected(accept_always):
     assert pvalue < P_BROKEN, f"the broken rule passed: p={pvalue:.2e}, TV={tv:.4f}"
 
 
+@pytest.mark.slow  # a second broken rule; the default run keeps test_sd_tree_broken_rule_is_detected
 def test_top_children_tested_against_soft_q_is_detected(monkeypatch):
     """Deterministic top-k children are only exact with point-mass trial distributions: recording the soft q
     for them (the tempting mistake) must fail the same test."""
@@ -177,7 +183,8 @@ def test_top_children_tested_against_soft_q_is_detected(monkeypatch):
     assert pvalue < P_BROKEN, f"top-k children with soft q passed: p={pvalue:.2e}, TV={tv:.4f}"
 
 
-@pytest.mark.parametrize("tree", ["2,2,1:sample", "3,1,1:distinct", "2,2,1:top"])
+@pytest.mark.parametrize("tree", ["2,2,1:sample", pytest.param("3,1,1:distinct", marks=pytest.mark.slow),
+                                  pytest.param("2,2,1:top", marks=pytest.mark.slow)])
 def test_sd_tree_greedy_matches_ar(tree):
     target, draft = tiny_pair(V, SEED)
     prompts = [[0, 1], [3], [2, 5, 4]]
