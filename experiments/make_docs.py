@@ -77,6 +77,9 @@ OTHER_RESULTS = [
      "--seeds 3", None),
     ("tree_bench_smollm2-135m.json", "Token trees on SmolLM2-135M, batch 1, side by side: tokens per call, tokens/s "
      "and projections", "experiments/tree_bench.py --pair smollm2-135m --timing --budgets 5 9 10 13", None),
+    ("pard2_study_tiny-code.json", "PARD-2 mask drafters on tiny-code: CAT vs uniform weights, one dual-mode drafter "
+     "in both modes vs two separately trained ones (sd, K = 4 and 8, T = 0 and 0.7)", "experiments/pard2_study.py "
+     "--pair tiny-code --drafter cat=shipped uniform=DIR feat=DIR plain=DIR", None),
     ("cost_model_8b1b.json", "Projected: Llama-3.1-8B + 3.2-1B on H100 / TPU v5e (prompt 256, output 512)",
      "experiments/cost_model.py --device h100 tpu-v5e --bench experiments/results/quick/bench_speed.json "
      "--acceptance 0.81 --pair llama3.1-8b+llama3.2-1b --batch-sizes 1 --num-particles 4 -K 4 "

@@ -14,8 +14,9 @@ budget (5, 9, 13, 17 by default) the families are:
 - block-tree: the block drafter with `sd-tree`, the same shapes with root children drawn without replacement;
 - d2sd: the D²SD drafter with `sd-tree`, the main chain of 4 plus 0..3 re-anchored branches ("1,1,1,1+B").
 Reported per configuration: mean accepted tokens per target call (stats.mean_acceptance_length: accepted + the
-correction/bonus token, averaged over runs), a standard error from the spread of the per-request tokens per call
-(requests x seeds; clipped at max_new_tokens, so slightly below the mean), and with --timing the
+correction/bonus token, averaged over runs), the bootstrap standard error (over requests x seeds) of the pooled
+tokens per call, the gain over the chain at the same (or the next lower) budget, paired by request with its
+bootstrap standard error, and with --timing the
 wall-clock tokens/s at batch 1 (every configuration on every prompt in interleaved rounds; the first round
 compiles and is not timed) with the speed-up over `ar` measured in the same rounds. The cost model
 (experiments/cost_model.py: roofline calls on H100 / TPU v5e) projects each configuration's tokens/s from its
@@ -90,10 +91,29 @@ def configs(budgets, block: str, ar_name: str | None, d2sd: str | None, timing: 
     return out
 
 
-def per_request(res) -> list[float]:
-    """Tokens per target call of each request of a decode (its new tokens after the prefill's / its live calls)."""
+def per_request(res) -> list[tuple[int, int]]:
+    """(new tokens after the prefill's, live target calls) of each request of a decode."""
     calls = res.stats.target_calls_per_request or []
-    return [(len(t) - 1) / c for t, c in zip(res.tokens, calls) if c > 0]
+    return [(len(t) - 1, c) for t, c in zip(res.tokens, calls) if c > 0]
+
+
+def pooled(pairs) -> float:
+    """Tokens per target call over all requests: Σ tokens / Σ calls."""
+    return sum(t for t, _ in pairs) / max(1, sum(c for _, c in pairs))
+
+
+def bootstrap_se(pairs, ref=None, resamples: int = 2000, seed: int = 0) -> float:
+    """Standard error of `pooled(pairs)` (or of pooled(pairs) − pooled(ref), resampling the same requests of both:
+    a paired comparison) by the bootstrap over requests."""
+    import numpy as np
+    a = np.asarray(pairs, float)
+    b = None if ref is None else np.asarray(ref, float)
+    rng = np.random.default_rng(seed)
+    idx = rng.integers(0, len(a), (resamples, len(a)))
+    stat = a[idx, 0].sum(1) / np.maximum(a[idx, 1].sum(1), 1)
+    if b is not None:
+        stat = stat - b[idx, 0].sum(1) / np.maximum(b[idx, 1].sum(1), 1)
+    return float(stat.std(ddof=1))
 
 
 def se(xs):
@@ -156,7 +176,6 @@ def main(argv=None) -> int:
     args.prompts = args.prompts or (4 if smol else 16)
     args.max_new = args.max_new or (96 if smol else 64)
 
-    import numpy as np
     import smcsd
     from block_drafters import prompts_for
     import cost_model as cm
@@ -217,8 +236,10 @@ def main(argv=None) -> int:
         t_acc = dataclasses.replace(tcfg, dtype="bfloat16")  # accelerators compute in bfloat16
         d_acc = dataclasses.replace(dcfg, dtype="bfloat16") if dcfg is not None else None
         proj = {name: project(c, tpc, t_acc, d_acc, kind, 16, context, dev) for name, dev in cm.DEVICES.items()}
-        rows.append({"label": c.label, **dataclasses.asdict(c), "tokens_per_call": tpc if acc[c] else None,
-                     "tokens_per_call_se": se(per_req[c]) if per_req[c] else None, "samples": len(per_req[c]),
+        rows.append({"label": c.label, **dataclasses.asdict(c), "per_request": per_req[c],
+                     "tokens_per_call": tpc if acc[c] else None,
+                     "tokens_per_call_se": bootstrap_se(per_req[c]) if per_req[c] else None,
+                     "samples": len(per_req[c]),
                      "tokens_per_s": statistics.median(speed[c]) if speed[c] else None,
                      "speedup_vs_ar": statistics.median(ratio[c]) if ratio[c] else None,
                      "projected_tokens_per_s": proj})
@@ -227,10 +248,22 @@ def main(argv=None) -> int:
                for k, d in cm.DEVICES.items()}
     for r in rows:
         r["projected_speedup"] = {k: r["projected_tokens_per_s"][k] / ar_proj[k] for k in cm.DEVICES}
+    # paired by request (same prompts, seeds and rounds in the same order for every configuration): each family's
+    # gain over the chain at the largest chain budget <= its own, with the standard error of the paired differences
+    chains = {c.budget: c for c in cfgs if c.family == "chain"}
+    for r, c in zip(rows, cfgs):
+        below = [b for b in chains if b <= c.budget]
+        if c.family in ("chain", "ar") or not below or len(per_req[c]) != len(per_req[chains[max(below)]]):
+            continue
+        ref = chains[max(below)]
+        r["vs_chain"] = {"chain_budget": ref.budget, "gain": pooled(per_req[c]) - pooled(per_req[ref]),
+                         "gain_se": bootstrap_se(per_req[c], per_req[ref])}
 
-    cols = ["config", "budget", "tokens/call", "± se"] + (["tok/s", "× ar"] if args.timing else []) + \
+    cols = ["config", "budget", "tokens/call", "± se", "gain vs chain (paired)"] + (["tok/s", "× ar"] if args.timing else []) + \
         ["H100 × ar (proj.)", "v5e × ar (proj.)"]
-    table = [[r["label"], r["budget"], report.fmt(r["tokens_per_call"], ".3f"), report.fmt(r["tokens_per_call_se"], ".3f")]
+    table = [[r["label"], r["budget"], report.fmt(r["tokens_per_call"], ".3f"), report.fmt(r["tokens_per_call_se"], ".3f"),
+              f"{r['vs_chain']['gain']:+.3f} ± {r['vs_chain']['gain_se']:.3f} (chain {r['vs_chain']['chain_budget']})"
+              if "vs_chain" in r else "–"]
              + ([report.fmt(r["tokens_per_s"], ".1f"), report.fmt(r["speedup_vs_ar"], ".2f")] if args.timing else [])
              + [report.fmt(r["projected_speedup"]["h100"], ".2f"), report.fmt(r["projected_speedup"]["tpu-v5e"], ".2f")]
              for r in rows]

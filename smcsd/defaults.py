@@ -99,10 +99,13 @@ def choose(target, draft, method: str | None) -> Choice:
     return Choice(method, n, k, "generic")
 
 
-# sd-tree's tree when none is given (depth = num_speculative_tokens, default 4). This CPU turns compute-bound past
-# ~8-16 tokens per call, so the tree stays near 9 verified tokens there (2 children at the root, then chains:
-# experiments/tree_bench.py); an accelerator verifies tens of tokens for about the price of one.
-TREE_DEFAULTS = {"cpu": {"branching": (2,), "branches": 2}, "accelerator": {"branching": (4, 2, 2), "branches": 3}}
+# sd-tree's tree when none is given (depth = num_speculative_tokens, default 4), from experiments/tree_bench.py:
+# - cpu: 9 verified tokens ("2,1,1,1", or a D²SD chain + 1 branch). This CPU turns compute-bound past ~8-16 tokens
+#   per call: on SmolLM2 at batch 1 every family lost tokens/s from budget 5 to 9 to 13 (the extra accepted tokens
+#   did not pay for the wider call), and 9 is the smallest budget that is a tree at all;
+# - accelerator: 17 ("4,1,1,1", or D²SD + 3 branches), the largest budget measured; acceptance still grew with the
+#   budget there and the cost model's call over 17 tokens costs about one token's weight traffic.
+TREE_DEFAULTS = {"cpu": {"branching": (2,), "branches": 1}, "accelerator": {"branching": (4,), "branches": 3}}
 
 
 def default_tree(draft, depth: int | None = None):

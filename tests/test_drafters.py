@@ -317,8 +317,14 @@ def test_available_drafters_and_load():
     assert smcsd.load("tiny-code", drafter="ar")[1].name != draft.name
     _, lookup = smcsd.load("tiny-code", drafter="prompt-lookup")
     assert isinstance(lookup, PromptLookup)
-    with pytest.raises(ValueError, match="no drafter 'pard2'.*prompt-lookup"):
-        smcsd.load("tiny-code", drafter="pard2")
+    with pytest.raises(ValueError, match="no drafter 'specblock'.*prompt-lookup"):
+        smcsd.load("tiny-code", drafter="specblock")
+    from smcsd.drafters import D2SDDrafter, MaskDrafter
+    d2sd = smcsd.load("tiny-code", drafter="d2sd")[1]
+    assert isinstance(d2sd, D2SDDrafter) and d2sd.main.name == "tiny-code/dflash-dpace"
+    if "pard2" in names:
+        pard = smcsd.load("tiny-code", drafter="pard2")[1]
+        assert isinstance(pard, MaskDrafter) and pard.model.tokenizer is target.tokenizer
     from smcsd.drafters import BlockDrafter
     for name in ("dflash", "dflash-dpace"):  # the shipped block drafters, bound to the target
         assert name in names

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import dataclasses
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 
@@ -212,7 +211,7 @@ class MaskDrafter(Drafter):
 
     def propose(self, params, state, feed, feed_count, key, sampling, num_tokens: int) -> Proposal:
         cache, feats = state
-        R, K = feed.shape[0], num_tokens
+        K = num_tokens
         width = 2 + K - 1
         j = jnp.arange(width)[None, :]
         tokens = jnp.where(j < feed_count[:, None], jnp.pad(feed, ((0, 0), (0, K - 1))), 0)

@@ -32,7 +32,7 @@ import numpy as np
 from ..drafters.block import BlockConfig, BlockDrafter, BlockNet, _embed_block, _logits
 from .data import TeacherStream, TextCorpus
 from .loop import TrainResult, train, training_info
-from .losses import dflash_gamma, dflash_weights, dpace_weights, token_cross_entropy, token_forward_kl_topk
+from .losses import dflash_gamma, dpace_weights, token_cross_entropy, token_forward_kl_topk
 
 __all__ = ["WEIGHTINGS", "block_loss", "block_train_logits", "sample_anchors", "sample_prefix_lengths",
            "train_block_drafter"]
