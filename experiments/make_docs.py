@@ -80,6 +80,10 @@ OTHER_RESULTS = [
     ("pard2_study_tiny-code.json", "PARD-2 mask drafters on tiny-code: CAT vs uniform weights, one dual-mode drafter "
      "in both modes vs two separately trained ones (sd, K = 4 and 8, T = 0 and 0.7)", "experiments/pard2_study.py "
      "--pair tiny-code --drafter cat=shipped uniform=DIR feat=DIR plain=DIR", None),
+    ("bench_pard2_smollm2.json", "SmolLM2-135M, side by side: sd K=4 with the PARD-2 mask drafter vs the AR draft vs "
+     "the DFlash drafter (batch 1 and 8, T=0.7)", "experiments/bench_smollm2_pair.py --drafters ar-distilled "
+     "dflash-dpace pard2 --sd-ks 4 --smc --batch-sizes 1 8 --prompts 4 --repeats 1 --max-new-tokens 64 --no-default "
+     "--out experiments/results/bench_pard2_smollm2.json", None),
     ("cost_model_8b1b.json", "Projected: Llama-3.1-8B + 3.2-1B on H100 / TPU v5e (prompt 256, output 512)",
      "experiments/cost_model.py --device h100 tpu-v5e --bench experiments/results/quick/bench_speed.json "
      "--acceptance 0.81 --pair llama3.1-8b+llama3.2-1b --batch-sizes 1 --num-particles 4 -K 4 "
