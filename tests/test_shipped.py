@@ -50,7 +50,8 @@ def test_code_pair_sizes():
 
 def test_shipped_checkpoints_are_small():
     """Every shipped checkpoint (a directory with model.safetensors) is <= 40 MB, and all of them together stay
-    well under what a clone should carry."""
+    well under what a clone should carry (160 MiB: raised from 120 when SmolLM2 gained its PARD-2 and D²SD drafters,
+    132 MiB in all; every drafter an issue ships for a pair is a user-facing artifact)."""
     total, checkpoints = 0, 0
     for root, _, files in os.walk(shipped.SHIPPED_DIR):
         size = sum(os.path.getsize(os.path.join(root, f)) for f in files)
@@ -58,7 +59,7 @@ def test_shipped_checkpoints_are_small():
         if "model.safetensors" in files:
             checkpoints += 1
             assert size <= 40 * 2 ** 20, root
-    assert checkpoints >= 4 and total <= 120 * 2 ** 20
+    assert checkpoints >= 4 and total <= 160 * 2 ** 20
 
 
 def _greedy(name):
