@@ -39,7 +39,7 @@ def mask_drafter(target, features: bool, seed: int = 7):
 
 @pytest.mark.parametrize("method,features,setting", [
     ("sd", False, dict(temperature=1.0)),
-    ("sd-multi", False, dict(temperature=0.7, top_k=3)),
+    pytest.param("sd-multi", False, dict(temperature=0.7, top_k=3), marks=pytest.mark.slow),  # default-run budget
     ("sd", True, dict(temperature=0.7, top_k=3)),
     pytest.param("sd-multi", True, dict(temperature=1.0), marks=pytest.mark.slow),
 ])
@@ -103,7 +103,7 @@ def test_mask_drafter_smc_matches_finite_n_law():
     assert 0.5 * np.abs(laws[4] - target_law).sum() > 0.05  # L_4 is visibly biased: the test has power
 
 
-@pytest.mark.parametrize("features", [False, True])
+@pytest.mark.parametrize("features", [False, pytest.param(True, marks=pytest.mark.slow)])
 def test_greedy_sd_equals_ar(features):
     target, _ = tiny_pair(V, SEED)
     d = mask_drafter(target, features)

@@ -31,7 +31,8 @@ def test_ancestor_mask_matches_paths():
         assert set(np.flatnonzero(mask[m])) == set(_path(m)), m
 
 
-@pytest.mark.parametrize("unstacked,shared", [(False, False), (True, False), (True, True)])
+@pytest.mark.parametrize("unstacked,shared", [pytest.param(False, False, marks=pytest.mark.slow),
+                                              pytest.param(True, False, marks=pytest.mark.slow), (True, True)])
 def test_tree_forward_equals_each_path(unstacked, shared):
     """Logits at every tree node == the cache-free causal forward over context + that node's root path; a wrong
     mask (every node sees every node) must differ, so the check can fail."""
@@ -61,6 +62,7 @@ def test_tree_forward_equals_each_path(unstacked, shared):
     assert err_wrong > 1e-2
 
 
+@pytest.mark.slow  # default-run budget; the AR drafter's trees (exactness, greedy tests) fill regions this way
 def test_tree_levels_in_several_calls():
     """A tree written level by level (what a drafter does) gives the same logits as one call over all of it."""
     model = init_model(tiny_config(vocab=11, hidden=32, layers=2, heads=4, kv_heads=2), 4, init_std=0.5)
