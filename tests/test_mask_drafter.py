@@ -78,6 +78,7 @@ def test_propose_follows_reported_q_and_masks_matter():
     assert int(prop.state[0].lengths[0]) == len(PROMPT) + 2  # prompt + fed token + K - 1
 
 
+@pytest.mark.slow  # default-run budget
 def test_mask_drafter_smc_matches_finite_n_law():
     """One SMC cycle (K = 1) with the dual-mode drafter as the proposal: the output follows the SIR law L_4 computed
     from the enumerated p_T and the drafter's q with the target's shifted features (chi-square at N = 4)."""
@@ -103,7 +104,8 @@ def test_mask_drafter_smc_matches_finite_n_law():
     assert 0.5 * np.abs(laws[4] - target_law).sum() > 0.05  # L_4 is visibly biased: the test has power
 
 
-@pytest.mark.parametrize("features", [False, pytest.param(True, marks=pytest.mark.slow)])
+@pytest.mark.slow  # default-run budget
+@pytest.mark.parametrize("features", [False, True])
 def test_greedy_sd_equals_ar(features):
     target, _ = tiny_pair(V, SEED)
     d = mask_drafter(target, features)
@@ -148,6 +150,7 @@ def test_cod_layout_groups_are_nested_and_attend_like_decoding():
     np.testing.assert_array_equal(lay["visible"], cod_layout(0, 3, T, depth)["visible"])  # a function of (seed, step)
 
 
+@pytest.mark.slow  # default-run budget
 def test_training_forward_matches_decode_proposal():
     """The COD forward's outputs at anchor a (real token, then its masks) equal the decode-time proposal anchored at
     a: training learns what `propose` runs (with target features too)."""
