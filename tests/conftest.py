@@ -1,3 +1,4 @@
+import pytest
 import os
 import sys
 
@@ -14,3 +15,18 @@ _cache = os.environ.get("SMCSD_TEST_JAX_CACHE",
 if _cache:
     os.environ.setdefault("JAX_COMPILATION_CACHE_DIR", _cache)
     os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0.5")
+
+
+@pytest.fixture
+def accept_always(monkeypatch):
+    """A broken acceptance rule (accept every draft token) for the exactness tests of sd, sd-multi and sd-tree to
+    reject; programs compiled with it are dropped afterwards."""
+    import jax.numpy as jnp
+
+    from smcsd import engine
+    from smcsd import sd as sd_mod
+    engine.clear_compile_cache()
+    monkeypatch.setattr(sd_mod, "accept_test", lambda u, p_x, q_x: jnp.ones(jnp.shape(u), bool))
+    yield
+    monkeypatch.undo()
+    engine.clear_compile_cache()

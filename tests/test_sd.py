@@ -14,7 +14,6 @@ import pytest
 
 import smcsd
 from models import ByteTokenizer, init_model
-from smcsd import engine
 from smcsd import sd as sd_mod
 from toys import chi_square_pvalue, exact_distribution, sample_counts, tiny_config, tiny_pair, total_variation
 
@@ -76,16 +75,6 @@ def test_exact_with_close_draft(method):
     target, _ = tiny_pair(V, SEED)
     pvalue, tv = _exactness(method, "t1", seed=2000, draft=target, draft_temperature=1.4)
     assert pvalue > P_MIN, f"{method}: chi-square p={pvalue:.2e}, TV={tv:.4f}"
-
-
-@pytest.fixture
-def accept_always(monkeypatch):
-    """A broken acceptance rule (accept every draft token), compiled fresh and dropped afterwards."""
-    engine.clear_compile_cache()
-    monkeypatch.setattr(sd_mod, "accept_test", lambda u, p_x, q_x: jnp.ones(jnp.shape(u), bool))
-    yield
-    monkeypatch.undo()
-    engine.clear_compile_cache()
 
 
 @pytest.mark.parametrize("method", ["sd", pytest.param("sd-multi", marks=pytest.mark.slow)])

@@ -116,7 +116,6 @@ def test_compact_moves_the_path(unstacked):
 
 import smcsd  # noqa: E402
 from smcsd import engine  # noqa: E402
-from smcsd import sd as sd_mod  # noqa: E402
 from toys import chi_square_pvalue, exact_distribution, sample_counts, tiny_pair, total_variation  # noqa: E402
 
 # The enumeration setting of tests/test_sd.py: vocab 6, prompt [0, 1], 3 new tokens (216 outcomes), a draft far
@@ -147,16 +146,6 @@ DEFAULT_GRID = {("sample", "t1"), ("distinct", "t07_topk3")}
 def test_sd_tree_exact(children, setting):
     pvalue, tv = _tree_exactness(TREES[children], setting, seed=3000)
     assert pvalue > P_MIN, f"sd-tree {TREES[children]} {setting}: chi-square p={pvalue:.2e}, TV={tv:.4f}"
-
-
-@pytest.fixture
-def accept_always(monkeypatch):
-    """A broken acceptance rule (accept every draft token), compiled fresh and dropped afterwards."""
-    engine.clear_compile_cache()
-    monkeypatch.setattr(sd_mod, "accept_test", lambda u, p_x, q_x: jnp.ones(jnp.shape(u), bool))
-    yield
-    monkeypatch.undo()
-    engine.clear_compile_cache()
 
 
 def test_sd_tree_broken_rule_is_detected(accept_always):
