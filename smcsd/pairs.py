@@ -7,7 +7,8 @@ the fetchable SmolLM2); the drafters are:
   checkpoint directory (config.json + model.safetensors, as `experiments/train_pair.py` and `smcsd.train` export);
 - parameter-free drafters that work with any target: `prompt-lookup`.
 Names say the kind: `ar`, `ar-distilled`, `prompt-lookup`, `dflash`, `dflash-dpace`, `d2sd` (a `D2SDDrafter`: its
-variable-prefix network with a `d2sd.json` naming the main block drafter), and later `pard2`, ...
+variable-prefix network with a `d2sd.json` naming the main block drafter), `pard2` (a `MaskDrafter`), `dels` (a
+`FusedDrafter`: a DeLS-Spec local head with a `dels.json` naming the block drafter it is fused with), ...
 """
 
 from __future__ import annotations
@@ -18,13 +19,14 @@ import os
 from models.registry import FETCHABLE, available_models, load_pair as _load_target_pair, load_target
 from models.shipped import SHIPPED_DIR, load_model_dir
 
-from .drafters import BlockDrafter, D2SDDrafter, MaskDrafter, PromptLookup
+from .drafters import BlockDrafter, D2SDDrafter, FusedDrafter, LocalHead, MaskDrafter, PromptLookup
 
 # Model drafters, best first: `load(pair)` returns the first one the pair has.
 MODEL_DRAFTERS = ("ar-distilled", "ar")
 BLOCK_DRAFTERS = ("dflash-dpace", "dflash")
 TREE_DRAFTERS = ("d2sd",)  # a variable-prefix block drafter + d2sd.json naming its main drafter
 MASK_DRAFTERS = ("pard2",)  # PARD-2: a small LM + mask embedding (+ feature projection), pard2.json
+FUSED_DRAFTERS = ("dels",)  # DeLS-Spec: a local head + dels.json naming the block drafter and the fusion weights
 PARAM_FREE = {"prompt-lookup": PromptLookup}
 
 
@@ -44,7 +46,7 @@ def _check_pair(pair) -> str:
 def available_drafters(pair: str = "tiny-code") -> list[str]:
     """Drafter names `load(pair, drafter=...)` accepts, the pair's best model drafter first."""
     _check_pair(pair)
-    return [n for n in MODEL_DRAFTERS + BLOCK_DRAFTERS + TREE_DRAFTERS + MASK_DRAFTERS if _drafter_dir(pair, n)] \
+    return [n for n in MODEL_DRAFTERS + BLOCK_DRAFTERS + TREE_DRAFTERS + MASK_DRAFTERS + FUSED_DRAFTERS if _drafter_dir(pair, n)] \
         + sorted(PARAM_FREE)
 
 
@@ -70,6 +72,8 @@ def load(pair: str = "tiny-code", drafter: str | None = None, dtype: str | None 
         return target, block.bind(target)  # raises if the checkpoint does not fit this target
     if drafter in TREE_DRAFTERS:
         return target, _load_d2sd(pair, drafter, target)
+    if drafter in FUSED_DRAFTERS:
+        return target, _load_fused(pair, drafter, target)
     if drafter in MASK_DRAFTERS:
         mask = MaskDrafter.load(_drafter_dir(pair, drafter), dtype=target.config.dtype, name=f"{pair}/{drafter}",
                                 tokenizer=target.tokenizer)
@@ -86,17 +90,32 @@ def load(pair: str = "tiny-code", drafter: str | None = None, dtype: str | None 
     return target, model
 
 
-def _load_d2sd(pair: str, name: str, target) -> D2SDDrafter:
+def _named_block(pair: str, name: str, meta_file: str, key: str):
+    """(metadata, path of the block drafter it names) of a drafter directory whose `meta_file` names a block drafter
+    of the same pair under `key`."""
     import json
     path = _drafter_dir(pair, name)
-    meta_path = os.path.join(path, "d2sd.json")
+    meta_path = os.path.join(path, meta_file)
     if not os.path.isfile(meta_path):
-        raise ValueError(f"{path} has no d2sd.json naming its main drafter; it is not a D²SD drafter")
+        raise ValueError(f"{path} has no {meta_file} naming its block drafter; it is not a {name} drafter")
     with open(meta_path) as f:
-        main_name = json.load(f)["main"]
-    main_dir = _drafter_dir(pair, main_name)
+        meta = json.load(f)
+    main_dir = _drafter_dir(pair, meta[key])
     if main_dir is None:
-        raise ValueError(f"{meta_path} names main drafter {main_name!r}, which pair {pair!r} does not have")
+        raise ValueError(f"{meta_path} names block drafter {meta[key]!r}, which pair {pair!r} does not have")
+    return meta, main_dir
+
+
+def _load_fused(pair: str, name: str, target) -> FusedDrafter:
+    meta, block_dir = _named_block(pair, name, "dels.json", "block")
+    block = BlockDrafter.load(block_dir, dtype=target.config.dtype, name=f"{pair}/{meta['block']}")
+    head = LocalHead.load(_drafter_dir(pair, name), name=f"{pair}/{name}")
+    return FusedDrafter(block, head, meta.get("alpha", 0.3), meta.get("beta", 0.3), name=f"{pair}/{name}").bind(target)
+
+
+def _load_d2sd(pair: str, name: str, target) -> D2SDDrafter:
+    meta, main_dir = _named_block(pair, name, "d2sd.json", "main")
+    main_name, path = meta["main"], _drafter_dir(pair, name)
     dt = target.config.dtype
     main = BlockDrafter.load(main_dir, dtype=dt, name=f"{pair}/{main_name}")
     vp = BlockDrafter.load(path, dtype=dt, name=f"{pair}/{name}-vp")

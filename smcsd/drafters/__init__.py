@@ -6,6 +6,8 @@
   target's hidden states.
 - `D2SDDrafter` (D²SD): a block drafter's chain plus branches re-anchored by a variable-prefix block drafter where
   rejection is likely, verified as one tree by `sd-tree` (tree shapes: `TreeSpec`, drafters/tree.py).
+- `FusedDrafter` (DeLS-Spec): a block drafter fused with a `LocalHead` (a GRU over the block's drafted tokens) that
+  restores left-to-right dependence inside the block.
 - `MaskDrafter` (PARD-2): a small causal LM drafting K tokens in one forward over [pending, MASK x (K-1)],
   optionally with the target's hidden states added to its inputs (dual mode).
 """
@@ -15,13 +17,14 @@ from __future__ import annotations
 from .ar import ARDrafter
 from .block import BlockConfig, BlockDrafter
 from .d2sd import D2SDDrafter
+from .local import FusedDrafter, LocalHead
 from .mask import MaskDrafter
 from .tree import TreeSpec
 from .base import Drafter, Proposal, TokenHistory, TreeProposal, initial_feed
 from .prompt_lookup import PromptLookup
 
 KINDS = {"ar": ARDrafter, "prompt-lookup": PromptLookup, "dflash": BlockDrafter, "d2sd": D2SDDrafter,
-         "pard2": MaskDrafter}
+         "pard2": MaskDrafter, "dels": FusedDrafter}
 
 
 def as_drafter(draft):
@@ -36,5 +39,6 @@ def as_drafter(draft):
                     f"or None, got {type(draft).__name__}")
 
 
-__all__ = ["ARDrafter", "BlockConfig", "BlockDrafter", "D2SDDrafter", "Drafter", "MaskDrafter", "TreeSpec", "KINDS", "PromptLookup", "Proposal", "TokenHistory", "TreeProposal",
+__all__ = ["ARDrafter", "BlockConfig", "BlockDrafter", "D2SDDrafter", "Drafter", "FusedDrafter", "LocalHead",
+           "MaskDrafter", "TreeSpec", "KINDS", "PromptLookup", "Proposal", "TokenHistory", "TreeProposal",
            "as_drafter", "initial_feed"]
