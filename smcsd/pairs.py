@@ -8,7 +8,8 @@ the fetchable SmolLM2); the drafters are:
 - parameter-free drafters that work with any target: `prompt-lookup`.
 Names say the kind: `ar`, `ar-distilled`, `prompt-lookup`, `dflash`, `dflash-dpace`, `d2sd` (a `D2SDDrafter`: its
 variable-prefix network with a `d2sd.json` naming the main block drafter), `pard2` (a `MaskDrafter`), `dels` (a
-`FusedDrafter`: a DeLS-Spec local head with a `dels.json` naming the block drafter it is fused with), ...
+`FusedDrafter`: a DeLS-Spec local head with a `dels.json` naming the block drafter it is fused with), `specblock`
+(a `SpecBlockDrafter`), ...
 """
 
 from __future__ import annotations
@@ -19,11 +20,12 @@ import os
 from models.registry import FETCHABLE, available_models, load_pair as _load_target_pair, load_target
 from models.shipped import SHIPPED_DIR, load_model_dir
 
-from .drafters import BlockDrafter, D2SDDrafter, FusedDrafter, LocalHead, MaskDrafter, PromptLookup
+from .drafters import BlockDrafter, D2SDDrafter, FusedDrafter, LocalHead, MaskDrafter, PromptLookup, SpecBlockDrafter
 
 # Model drafters, best first: `load(pair)` returns the first one the pair has.
 MODEL_DRAFTERS = ("ar-distilled", "ar")
-BLOCK_DRAFTERS = ("dflash-dpace", "dflash")
+BLOCK_DRAFTERS = ("dflash-dpace", "dflash", "specblock")  # BlockDrafter checkpoints (SpecBlock: its subclass)
+BLOCK_KINDS = {"specblock": SpecBlockDrafter}
 TREE_DRAFTERS = ("d2sd",)  # a variable-prefix block drafter + d2sd.json naming its main drafter
 MASK_DRAFTERS = ("pard2",)  # PARD-2: a small LM + mask embedding (+ feature projection), pard2.json
 FUSED_DRAFTERS = ("dels",)  # DeLS-Spec: a local head + dels.json naming the block drafter and the fusion weights
@@ -68,7 +70,8 @@ def load(pair: str = "tiny-code", drafter: str | None = None, dtype: str | None 
     if drafter in PARAM_FREE:
         return target, PARAM_FREE[drafter]()
     if drafter in BLOCK_DRAFTERS:
-        block = BlockDrafter.load(_drafter_dir(pair, drafter), dtype=target.config.dtype, name=f"{pair}/{drafter}")
+        cls = BLOCK_KINDS.get(drafter, BlockDrafter)
+        block = cls.load(_drafter_dir(pair, drafter), dtype=target.config.dtype, name=f"{pair}/{drafter}")
         return target, block.bind(target)  # raises if the checkpoint does not fit this target
     if drafter in TREE_DRAFTERS:
         return target, _load_d2sd(pair, drafter, target)

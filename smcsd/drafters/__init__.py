@@ -8,6 +8,8 @@
   rejection is likely, verified as one tree by `sd-tree` (tree shapes: `TreeSpec`, drafters/tree.py).
 - `FusedDrafter` (DeLS-Spec): a block drafter fused with a `LocalHead` (a GRU over the block's drafted tokens) that
   restores left-to-right dependence inside the block.
+- `SpecBlockDrafter` (SpecBlock): S dependent positions per forward (slot queries, layer-wise shift), blocks
+  chained from the drafter's own hidden state.
 - `MaskDrafter` (PARD-2): a small causal LM drafting K tokens in one forward over [pending, MASK x (K-1)],
   optionally with the target's hidden states added to its inputs (dual mode).
 """
@@ -19,12 +21,13 @@ from .block import BlockConfig, BlockDrafter
 from .d2sd import D2SDDrafter
 from .local import FusedDrafter, LocalHead
 from .mask import MaskDrafter
+from .specblock import SpecBlockConfig, SpecBlockDrafter
 from .tree import TreeSpec
 from .base import Drafter, Proposal, TokenHistory, TreeProposal, initial_feed
 from .prompt_lookup import PromptLookup
 
 KINDS = {"ar": ARDrafter, "prompt-lookup": PromptLookup, "dflash": BlockDrafter, "d2sd": D2SDDrafter,
-         "pard2": MaskDrafter, "dels": FusedDrafter}
+         "pard2": MaskDrafter, "dels": FusedDrafter, "specblock": SpecBlockDrafter}
 
 
 def as_drafter(draft):
@@ -40,5 +43,5 @@ def as_drafter(draft):
 
 
 __all__ = ["ARDrafter", "BlockConfig", "BlockDrafter", "D2SDDrafter", "Drafter", "FusedDrafter", "LocalHead",
-           "MaskDrafter", "TreeSpec", "KINDS", "PromptLookup", "Proposal", "TokenHistory", "TreeProposal",
+           "MaskDrafter", "SpecBlockConfig", "SpecBlockDrafter", "TreeSpec", "KINDS", "PromptLookup", "Proposal", "TokenHistory", "TreeProposal",
            "as_drafter", "initial_feed"]

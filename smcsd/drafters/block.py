@@ -198,10 +198,15 @@ class BlockDrafter(Drafter):
 
     kind = "dflash"
     shares_prefix = True
+    # what a subclass (another block-style network, e.g. SpecBlock) swaps: its config class, Flax network and the
+    # "drafter" tag of its config.json
+    _config_cls = BlockConfig
+    _net_cls = BlockNet
+    _format = "dflash"
 
     def __init__(self, config: BlockConfig, params=None, shared=None, name: str = "dflash"):
-        if not isinstance(config, BlockConfig):
-            raise TypeError(f"BlockDrafter takes a BlockConfig, got {type(config).__name__}")
+        if not isinstance(config, self._config_cls):
+            raise TypeError(f"{type(self).__name__} takes a {self._config_cls.__name__}, got {type(config).__name__}")
         object.__setattr__(self, "block_config", config)
         object.__setattr__(self, "params", params)
         object.__setattr__(self, "shared", shared)
@@ -226,14 +231,14 @@ class BlockDrafter(Drafter):
                                      else target_layers, tc.num_hidden_layers, "BlockDrafter")
         model = dataclasses.replace(tc, num_hidden_layers=num_layers,
                                     intermediate_size=intermediate_size or tc.intermediate_size)
-        config = BlockConfig(model=model, target_layers=layers, block_size=block_size)
+        config = cls._config_cls(model=model, target_layers=layers, block_size=block_size)
         return cls(config, cls._init_params(config, seed, init_std), name=name).bind(target)
 
-    @staticmethod
-    def _init_params(config: BlockConfig, seed: int, init_std: float):
+    @classmethod
+    def _init_params(cls, config: BlockConfig, seed: int, init_std: float):
         model, B = config.model, config.block_size
         dt = model.jnp_dtype
-        return BlockNet(config, init_std).init(
+        return cls._net_cls(config, init_std).init(
             jax.random.PRNGKey(seed), jnp.zeros((1, 1, config.context_size), dt), jnp.zeros((1, 1), jnp.int32),
             jnp.zeros((1, B, model.hidden_size), dt), jnp.zeros((1, B), jnp.int32), jnp.ones((1, B, 1), bool),
             jnp.ones((1, B, B), bool))["params"]
@@ -255,10 +260,10 @@ class BlockDrafter(Drafter):
         if dtype == "bfloat16":
             import ml_dtypes
             flat = {k: v.astype(ml_dtypes.bfloat16) for k, v in flat.items()}
-        save_file(flat, os.path.join(path, "model.safetensors"), metadata={"format": "smcsd-dflash"})
+        save_file(flat, os.path.join(path, "model.safetensors"), metadata={"format": f"smcsd-{self._format}"})
         os.chmod(os.path.join(path, "model.safetensors"), 0o644)
         with open(os.path.join(path, "config.json"), "w") as f:
-            json.dump({"drafter": "dflash", **self.block_config.to_dict()}, f, indent=2)
+            json.dump({"drafter": self._format, **self.block_config.to_dict()}, f, indent=2)
         if info is not None:
             with open(os.path.join(path, "training.json"), "w") as f:
                 json.dump(info, f, indent=2)
@@ -273,15 +278,15 @@ class BlockDrafter(Drafter):
             raise ValueError(f"no block drafter at {path!r} (config.json missing)")
         with open(cfg_path) as f:
             d = json.load(f)
-        if d.get("drafter") != "dflash":
-            raise ValueError(f"{cfg_path} is not a block (dflash) drafter's config")
-        config = BlockConfig.from_dict(d)
+        if d.get("drafter") != cls._format:
+            raise ValueError(f"{cfg_path} is not a {cls._format} drafter's config (it says {d.get('drafter')!r})")
+        config = cls._config_cls.from_dict(d)
         if dtype is not None:
             config = dataclasses.replace(config, model=dataclasses.replace(config.model, dtype=dtype))
         tensors = _read_tensors(os.path.join(path, "model.safetensors"))
         params = _unflatten({k: jnp.asarray(np.asarray(v, np.float32), config.model.jnp_dtype)
                              for k, v in tensors.items()})
-        expected = jax.eval_shape(lambda: BlockDrafter._init_params(config, 0, 0.02))
+        expected = jax.eval_shape(lambda: cls._init_params(config, 0, 0.02))
         if jax.tree_util.tree_structure(expected) != jax.tree_util.tree_structure(params) or any(
                 a.shape != b.shape for a, b in zip(jax.tree_util.tree_leaves(expected), jax.tree_util.tree_leaves(params))):
             raise ValueError(f"the weights in {path} do not match its config.json (tensor names or shapes differ)")
@@ -290,7 +295,7 @@ class BlockDrafter(Drafter):
     def astype(self, dtype: str) -> "BlockDrafter":
         config = dataclasses.replace(self.block_config, model=dataclasses.replace(self.block_config.model, dtype=dtype))
         params = jax.tree_util.tree_map(lambda a: jnp.asarray(a, config.model.jnp_dtype), self.params)
-        return BlockDrafter(config, params, self.shared, self.name)
+        return type(self)(config, params, self.shared, self.name)
 
     # ------------------------------------------------------------------ host side
     @property
@@ -335,8 +340,9 @@ class BlockDrafter(Drafter):
                              "the target's embedding and LM head, so it must be trained for this target")
         check_hidden_layers(self.block_config.target_layers, tc.num_hidden_layers, "this block drafter")
         if self.params is None:
-            raise ValueError("this BlockDrafter has no params; build it with BlockDrafter.create or BlockDrafter.load")
-        return BlockDrafter(self.block_config, self.params, head_params(target), self.name)
+            raise ValueError(f"this {type(self).__name__} has no params; build it with {type(self).__name__}.create "
+                             f"or {type(self).__name__}.load")
+        return type(self)(self.block_config, self.params, head_params(target), self.name)
 
     def drafter_params(self):
         if self.shared is None:
@@ -344,7 +350,7 @@ class BlockDrafter(Drafter):
         return {"net": self.params, **self.shared}
 
     def _net(self) -> BlockNet:
-        return BlockNet(self.block_config)
+        return self._net_cls(self.block_config)
 
     # ------------------------------------------------------------------ traced
     def _context_kv(self, params, hidden, positions):

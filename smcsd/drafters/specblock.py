@@ -1,0 +1,278 @@
+"""`SpecBlockDrafter` (SpecBlock, arXiv 2605.07243): K_s dependent draft positions per forward through learnable
+per-slot queries and a layer-wise shift, blocks chained from the drafter's own hidden state.
+
+Network (`SpecBlockNet`, the target's width, a few decoder layers sharing the target's embedding and LM head):
+- context: like DFlash (`BlockDrafter`), the target's hidden states of `target_layers` -> linear -> RMSNorm, projected
+  by each layer into the drafter's own K/V of the committed positions;
+- a block of S slots (`block_size` = S, 4 in the paper) anchored at the pending token x_0 (position p): slot k sits
+  at position p + k and predicts x_{k+1}. Its input is Linear(3H -> H) over [anchor feature; embedding of x_0;
+  learned query of slot k]; the anchor feature is the (projected) target hidden state at p - 1, the last position
+  the target has processed;
+- layer-wise shift: before every layer l >= 1, x_k <- W_l [x_k ; x_{k-1}] (slot 0 pairs with itself), so each slot
+  reads its left neighbour's state directly; attention is causal within the block and reaches the context < p;
+- chaining: a block can start from slot M-1 of the previous one — anchor feature = RMSNorm(the drafter's hidden
+  state there), token = the token drafted at slot M-1, positions p + M ... (the chained block reads the target
+  context < p, not the previous block's slots: their dependence is carried by the inherited state).
+
+Decoding: K <= S drafts come from one forward (S slots computed, the first K used; attention within the block is
+causal, so later slots never change earlier ones); K > S chains ceil(K / S) forwards, each from the last slot of the
+previous block with the token drafted there. Within one block the slots' tokens are drawn independently from their
+own q_k (the dependence between positions is in the hidden states, not in the sampled tokens), across blocks each
+q depends on the tokens drawn before it; `Proposal.logq` holds each q, so `sd` / `sd-multi` / `smc` stay exact /
+consistent as with any drafter. State: the context K/V (as `BlockDrafter`) plus the target's hidden state at the
+last committed position (`observe` keeps it per row).
+
+Training (`smcsd.train.train_specblock`): teacher-forced anchors, a second block chained from slot M - 1 with
+M ~ Uniform{1..S}, loss sum_blocks sum_k 0.8^k KL(p_T || q_k) under SpecBlock's valid-prefix mask.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Sequence
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+from models import init_cache
+from models.rope import inverse_frequencies, rope_tables
+from models.transformer import Part, RMSNorm, _dense
+
+from ..sampling import process_logits, sample
+from .base import Proposal
+from .block import BlockConfig, BlockDrafter, BlockLayer, _logits
+
+
+@dataclasses.dataclass(frozen=True)
+class SpecBlockConfig(BlockConfig):
+    """`model` (the drafter's layer dimensions; hidden size and vocabulary are the target's), `target_layers`,
+    `block_size` = S, the slots per forward (each predicts one token)."""
+
+
+class SpecBlockNet(nn.Module):
+    """SpecBlock's own weights: context projection, anchor-input fusion, slot queries, shifts, layers, norms."""
+
+    config: SpecBlockConfig
+    init_std: float = 0.02
+
+    def setup(self):
+        c = self.config.model
+        dt, H, S = c.jnp_dtype, c.hidden_size, self.config.block_size
+        self.fc = _dense(H, "fc", dt, self.init_std)
+        self.context_norm = RMSNorm(c.rms_norm_eps, dt)
+        self.chain_norm = RMSNorm(c.rms_norm_eps, dt)
+        self.in_proj = _dense(H, "in_proj", dt, self.init_std)
+        self.slot_queries = self.param("slot_queries", nn.initializers.normal(1.0), (S, H), dt)
+        eye = lambda key, shape, dtype: (jnp.concatenate([jnp.eye(H), jnp.zeros((H, H))], 0)  # noqa: E731
+                                         + self.init_std * jax.random.normal(key, shape)).astype(dtype)
+        self.shifts = [self.param(f"shift_{i}", eye, (2 * H, H), dt) for i in range(1, c.num_hidden_layers)]
+        self.layers = [BlockLayer(c, self.init_std, name=f"layers_{i}") for i in range(c.num_hidden_layers)]
+        self.norm = RMSNorm(c.rms_norm_eps, dt)
+
+    def _rope(self, positions):
+        c = self.config.model
+        return rope_tables(positions, inverse_frequencies(c.head_dim, c.rope_theta, c.rope_scaling))
+
+    def context_kv(self, hidden, positions):
+        """Per layer `(k, v)` of target hidden states `hidden [R, T, n*H]` at `positions [R, T]`."""
+        f = self.feature(hidden)
+        cos, sin = self._rope(positions)
+        return [layer.kv(f, cos, sin) for layer in self.layers]
+
+    def feature(self, hidden):
+        """The projected target feature of hidden states `[..., n*H]`."""
+        return self.context_norm(self.fc(hidden.astype(self.config.model.jnp_dtype)))
+
+    def chain_feature(self, h):
+        """The anchor feature of a block chained from the drafter's own (pre-norm) hidden state `h [..., H]`."""
+        return self.chain_norm(h)
+
+    def inputs(self, feat, emb, slots: int):
+        """Slot inputs `[R, A*slots, H]` of blocks with anchor features `feat [R, A, H]` and anchor-token embeddings
+        `emb [R, A, H]`, the first `slots` slots of each."""
+        R, A, H = feat.shape
+        q = jnp.broadcast_to(self.slot_queries[:slots], (R, A, slots, H))
+        rep = lambda x: jnp.broadcast_to(x[:, :, None, :], (R, A, slots, H))  # noqa: E731
+        x = jnp.concatenate([rep(feat.astype(q.dtype)), rep(emb.astype(q.dtype)), q], axis=-1)
+        return self.in_proj(x).reshape(R, A * slots, H)
+
+    def block_hidden(self, x, slots: int, positions, ctx: Sequence, blk_mask):
+        """(final-normed, raw) hidden states `[R, A*slots, H]` of slot inputs `x` at `positions`; `ctx` per layer a
+        list of context `Part`s, `blk_mask [R, A*slots, A*slots]`."""
+        R, T, H = x.shape
+        cos, sin = self._rope(positions)
+        for i, (layer, parts) in enumerate(zip(self.layers, ctx)):
+            if i > 0:  # layer-wise shift: each slot with its left neighbour (slot 0 with itself)
+                b = x.reshape(R, T // slots, slots, H)
+                prev = jnp.concatenate([b[:, :, :1], b[:, :, :-1]], axis=2)
+                x = (jnp.concatenate([b, prev], -1) @ self.shifts[i - 1]).reshape(R, T, H)
+            x = layer(x, cos, sin, parts, blk_mask)
+        return self.norm(x), x
+
+    def __call__(self, hidden, positions, ctx_mask):
+        """Context and one block anchored after `hidden`'s last position (parameter init only)."""
+        S, R, T = self.config.block_size, hidden.shape[0], hidden.shape[1]
+        ctx = [[Part(k, v, ctx_mask)] for k, v in self.context_kv(hidden, positions)]
+        feat = self.feature(hidden[:, -1:])
+        x = self.inputs(feat, jnp.zeros_like(feat), S)
+        bpos = T + jnp.broadcast_to(jnp.arange(S, dtype=jnp.int32), (R, S))
+        h, raw = self.block_hidden(x, S, bpos, ctx, jnp.broadcast_to(jnp.tril(jnp.ones((S, S), bool)), (R, S, S)))
+        return h, self.chain_feature(raw)
+
+
+def causal_blocks(num_blocks: int, slots: int):
+    """bool `[A*S, A*S]`: each slot sees the slots of its own block up to itself."""
+    blk = jnp.repeat(jnp.arange(num_blocks), slots)
+    idx = jnp.tile(jnp.arange(slots), num_blocks)
+    return (blk[:, None] == blk[None, :]) & (idx[None, :] <= idx[:, None])
+
+
+@dataclasses.dataclass(frozen=True, init=False)
+class SpecBlockDrafter(BlockDrafter):
+    """SpecBlock drafter (module docstring). `SpecBlockDrafter.create(target, num_layers=2, block_size=4)`,
+    `.load(path)`, `.save(path)`; `.bind(target)` attaches the target's embedding and LM head."""
+
+    kind = "specblock"
+    shares_prefix = False  # its state carries a per-row anchor feature next to the context K/V
+    _config_cls = SpecBlockConfig
+    _net_cls = SpecBlockNet
+    _format = "specblock"
+
+    def __repr__(self):
+        c = self.block_config
+        return (f"SpecBlockDrafter({self.name!r}, layers={c.model.num_hidden_layers}, hidden={c.model.hidden_size}, "
+                f"slots={c.block_size}, target_layers={c.target_layers})")
+
+    @classmethod
+    def create(cls, target, *, num_layers: int = 2, block_size: int = 4, target_layers=None,
+               intermediate_size: int | None = None, seed: int = 0, init_std: float = 0.02,
+               name: str = "specblock") -> "SpecBlockDrafter":
+        return super().create(target, num_layers=num_layers, block_size=block_size, target_layers=target_layers,
+                              intermediate_size=intermediate_size, seed=seed, init_std=init_std, name=name)
+
+    @classmethod
+    def _init_params(cls, config, seed: int, init_std: float):
+        dt = config.model.jnp_dtype
+        return SpecBlockNet(config, init_std).init(
+            jax.random.PRNGKey(seed), jnp.zeros((1, 2, config.context_size), dt),
+            jnp.zeros((1, 2), jnp.int32), jnp.ones((1, config.block_size, 2), bool))["params"]
+
+    @property
+    def max_tokens_per_proposal(self):
+        return None  # blocks chain: any K
+
+    def describe(self) -> str:
+        return f"specblock:{self.name}"
+
+    def calls_per_proposal(self, num_tokens: int) -> int:
+        return -(-num_tokens // self.block_config.block_size)
+
+    def _check_depth(self, num_tokens):
+        pass
+
+    # ------------------------------------------------------------------ traced
+    def init(self, params, prompt, prompt_len, cache_len, rows_per_prompt, target_hidden=None, suffix_len=None):
+        del suffix_len  # shares_prefix is False: smc never passes it
+        c = self.block_config.model
+        B = prompt.shape[0]
+        cache = init_cache(c.num_hidden_layers, B, cache_len, c.num_key_value_heads, c.head_dim, c.jnp_dtype)
+        cache = self.write_context(params, cache, target_hidden, jnp.zeros((B,), jnp.int32)).set_lengths(prompt_len)
+        last = jnp.take_along_axis(target_hidden, (prompt_len - 1)[:, None, None], axis=1)[:, 0]  # [B, n*H]
+        state = (cache, last.astype(jnp.float32))
+        if rows_per_prompt > 1:
+            state = self.gather(state, jnp.repeat(jnp.arange(B), rows_per_prompt))
+        return state
+
+    def _net_apply(self, params, *args, method):
+        return self._net().apply({"params": params["net"]}, *args, method=method)
+
+    def block_logits_from(self, params, cache, feat, anchors, positions0, ctx_len, slots: int):
+        """(logits `[R, slots, V]`, raw hidden `[R, slots, H]`) of one block: anchor feature `feat [R, H]` (already
+        projected), anchor tokens `anchors [R]`, slot 0 at `positions0 [R]`, context slots < `ctx_len`."""
+        c = self.block_config.model
+        emb = jnp.take(params["embed"], anchors, axis=0)
+        x = self._net_apply(params, feat[:, None], emb[:, None], slots, method=SpecBlockNet.inputs)
+        positions = positions0[:, None] + jnp.arange(slots, dtype=jnp.int32)[None, :]
+        ctx_mask = jnp.arange(cache.slots)[None, :] < ctx_len[:, None]
+        ctx = [[Part(cache.k[i], cache.v[i], ctx_mask)] for i in range(c.num_hidden_layers)]
+        blk = jnp.broadcast_to(causal_blocks(1, slots), (anchors.shape[0], slots, slots))
+        h, raw = self._net_apply(params, x, slots, positions, ctx, blk, method=SpecBlockNet.block_hidden)
+        return _logits(h, params), raw
+
+    def propose(self, params, state, feed, feed_count, key, sampling, num_tokens: int) -> Proposal:
+        cache, last = state
+        S, K = self.block_config.block_size, num_tokens
+        anchors = jnp.take_along_axis(feed, (feed_count - 1)[:, None], axis=1)[:, 0]
+        ctx_len = cache.lengths + feed_count - 1  # committed target length: the pending token sits there
+        feat = self._net_apply(params, last, method=SpecBlockNet.feature)
+        pos0 = ctx_len
+        toks, logqs = [], []
+        keys = jax.random.split(key, -(-K // S))
+        for b, k0 in enumerate(range(0, K, S)):
+            n = min(S, K - k0)
+            logits, raw = self.block_logits_from(params, cache, feat, anchors, pos0, ctx_len, n)
+            lq = process_logits(logits, sampling)
+            t = sample(keys[b], lq)
+            toks.append(t)
+            logqs.append(lq)
+            if k0 + n < K:  # chain the next block from this block's last slot
+                feat = self._net_apply(params, raw[:, -1], method=SpecBlockNet.chain_feature)
+                anchors, pos0 = t[:, -1], pos0 + n
+        new = cache.set_lengths(cache.lengths + feed_count + K - 1)
+        return Proposal(jnp.concatenate(toks, 1), jnp.concatenate(logqs, 1), (new, last))
+
+    def observe(self, params, state, tokens, target_hidden, start, num_valid):
+        cache, last = state
+        cache = self.write_context(params, cache, target_hidden, start)
+        idx = jnp.clip(num_valid - 1, 0, target_hidden.shape[1] - 1)
+        newest = jnp.take_along_axis(target_hidden, idx[:, None, None], axis=1)[:, 0].astype(jnp.float32)
+        return cache, jnp.where((num_valid > 0)[:, None], newest, last)
+
+    def propose_tree(self, params, state, feed, feed_count, key, sampling, tree):
+        raise ValueError("SpecBlock's rank-head trees are not built yet: use method='sd' (or 'sd-multi', 'smc') with "
+                         "a SpecBlockDrafter")
+
+    # ------------------------------------------------------------------ row operations (compound state)
+    def lengths(self, state):
+        return state[0].lengths
+
+    def set_lengths(self, state, lengths):
+        return state[0].set_lengths(lengths), state[1]
+
+    def copy_window(self, state, src, start, width: int):
+        return state[0].copy_window(src, start, width), state[1][jnp.asarray(src, jnp.int32)]
+
+    def gather(self, state, index):
+        index = jnp.asarray(index, jnp.int32)
+        return state[0].gather(index), jnp.take(state[1], index, axis=0)
+
+    def compact(self, state, start, index, count):
+        return state
+
+
+def reference_block_logits(drafter: SpecBlockDrafter, target_hidden, anchor_pos: int, anchor_token, slots: int,
+                           chain=None):
+    """Cache-free reference of one block: (logits `[R, slots, V]`, raw hidden `[R, slots, H]`) of a block anchored at
+    `anchor_pos` (the same for every row) with `anchor_token [R]`, from the target's hidden states `target_hidden
+    [R, T, n*H]` (positions < `anchor_pos` are context; the anchor feature is position anchor_pos - 1's). With
+    `chain = (raw [R, H], offset)` the block is chained: its anchor feature comes from the drafter's raw hidden
+    state `raw` and its slots sit at anchor_pos + offset + k."""
+    p = drafter.drafter_params()
+    net = SpecBlockNet(drafter.block_config)
+    R, T, _ = target_hidden.shape
+    apply = lambda *a, method: net.apply({"params": p["net"]}, *a, method=method)  # noqa: E731
+    pos = jnp.broadcast_to(jnp.arange(T, dtype=jnp.int32), (R, T))
+    kv = apply(target_hidden, pos, method=SpecBlockNet.context_kv)
+    mask = jnp.broadcast_to(jnp.arange(T)[None, None, :] < anchor_pos, (R, slots, T))
+    ctx = [[Part(k, v, mask)] for k, v in kv]
+    if chain is None:
+        feat, offset = apply(target_hidden[:, anchor_pos - 1:anchor_pos], method=SpecBlockNet.feature), 0
+    else:
+        feat, offset = apply(chain[0][:, None], method=SpecBlockNet.chain_feature), chain[1]
+    x = apply(feat, jnp.take(p["embed"], jnp.asarray(anchor_token, jnp.int32), axis=0)[:, None], slots,
+              method=SpecBlockNet.inputs)
+    bpos = jnp.broadcast_to(anchor_pos + offset + jnp.arange(slots, dtype=jnp.int32), (R, slots))
+    h, raw = apply(x, slots, bpos, ctx, jnp.broadcast_to(causal_blocks(1, slots), (R, slots, slots)),
+                   method=SpecBlockNet.block_hidden)
+    return _logits(h, p), raw
