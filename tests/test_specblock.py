@@ -194,3 +194,99 @@ def test_training_learns_the_target(tmp_path, valid_prefix):
     assert ev[-1]["accept_len_k6"] >= ev[-1]["accept_len_k3"]
     e = SpecBlockDrafter.load(str(tmp_path / "sb")).bind(target)
     assert e.num_params == d.num_params
+
+
+# ----------------------------------------------------------------------------- trees
+
+def test_rank_tree_keeps_the_best_ancestor_closed_nodes():
+    """Widths [2, 1, 3] at three depths, budget 5: the kept nodes are the 5 best by cumulative log q among the tree
+    the widths allow, breadth-first, each with its parent kept; an impossible width (0) prunes the depth."""
+    from smcsd.drafters.specblock import rank_tree
+    V = 6
+    rng = np.random.default_rng(0)
+    lq = jax.nn.log_softmax(jnp.asarray(rng.normal(0, 2, (1, 3, V)), jnp.float32), -1)
+    width = jnp.asarray([[2, 1, 3]], jnp.int32)
+    tokens, parents, depths, valid = (np.asarray(x[0]) for x in rank_tree(lq, width, 5, 6))
+    lqn = np.asarray(lq[0])
+    order = [np.argsort(-lqn[d]) for d in range(3)]
+    paths = [(a,) for a in order[0][:2]]
+    paths += [p + (b,) for p in paths[:2] for b in order[1][:1]]
+    paths += [p + (c,) for p in paths[2:4] for c in order[2][:3]]
+    score = {p: sum(lqn[d, t] for d, t in enumerate(p)) for p in paths}
+    best = sorted(paths, key=lambda p: (-score[p], len(p)))[:5]
+    got = []
+    for m in range(5):
+        assert valid[m]
+        path, j = [], m
+        while j >= 0:
+            path.append(int(tokens[j]))
+            assert parents[j] < j
+            j = parents[j]
+        got.append(tuple(reversed(path)))
+        assert depths[m] == len(got[-1])
+    assert sorted(got) == sorted(best)
+    assert list(depths) == sorted(depths)  # breadth-first
+    _, _, _, valid = rank_tree(lq, jnp.asarray([[1, 0, 3]], jnp.int32), 5, 6)
+    assert int(np.asarray(valid).sum()) == 1  # width 0 at depth 2: only the depth-1 node is left
+
+
+def _with_rank_head(d, seed=0, scale=3.0):
+    from smcsd.drafters.specblock import init_rank_params
+    rp = init_rank_params(d.block_config.model.hidden_size, seed, width=16)
+    return d.with_rank_head({**rp, "w2": rp["w2"] * scale, "b2": jnp.asarray([0.5, 0.0, 0.2, -0.3])})
+
+
+@pytest.mark.parametrize("tree", [
+    "rank:5x2",
+    pytest.param("3,2:top", marks=pytest.mark.slow),  # a fixed top-k tree from the same block (default-run budget)
+])
+def test_specblock_trees_are_exact(tree):
+    target, _ = tiny_pair(V, SEED)
+    d = _with_rank_head(specblock(target, 3))
+    counts = sample_counts("sd-tree", target, d, PROMPT, LENGTH, 20_000, batch=5000, seed=85, tree=tree,
+                           temperature=1.0)
+    probs = exact_distribution(target, PROMPT, LENGTH, temperature=1.0)
+    p = chi_square_pvalue(counts, probs)
+    assert p > P_MIN, (tree, p, total_variation(counts, probs))
+
+
+def test_rank_trees_greedy_and_errors(tmp_path):
+    target, _ = tiny_pair(V, SEED)
+    d = specblock(target, 3)
+    prompts = [[0, 1, 2, 0, 1], [3, 4, 3]]
+    kw = dict(target=target, max_new_tokens=10, temperature=0.0, eos_id=[])
+    with pytest.raises(ValueError, match="rank head"):
+        smcsd.decode(prompts, draft=d, method="sd-tree", tree="rank:6x3", **kw)
+    with pytest.raises(ValueError, match="rank-head tree|rank head"):
+        smcsd.decode(prompts, draft=smcsd.drafters.BlockDrafter.create(target, block_size=4), method="sd-tree",
+                     tree="rank:6x3", **kw)
+    with pytest.raises(ValueError, match="depth"):
+        smcsd.decode(prompts, draft=_with_rank_head(d), method="sd-tree", tree="rank:6x4", **kw)
+    with pytest.raises(ValueError, match="rank:<budget>x<depth>"):
+        smcsd.TreeSpec.parse("rank:6")
+    e = _with_rank_head(d)
+    ref = smcsd.decode(prompts, method="ar", **kw).tokens
+    assert smcsd.decode(prompts, draft=e, method="sd-tree", tree="rank:6x3", **kw).tokens == ref
+    e.save(str(tmp_path / "sb"))
+    f = SpecBlockDrafter.load(str(tmp_path / "sb")).bind(target)
+    assert f.builds_rank_trees and not d.builds_rank_trees
+    kw["temperature"] = 1.0
+    assert (smcsd.decode(prompts, draft=e, method="sd-tree", tree="rank:6x3", seed=4, **kw).tokens
+            == smcsd.decode(prompts, draft=f, method="sd-tree", tree="rank:6x3", seed=4, **kw).tokens)
+
+
+def test_rank_head_training_learns_the_classes():
+    """On the byte toy, a trained SpecBlock's rank classes are predictable from its confidence: the head beats
+    always guessing the most frequent class on held-out anchors."""
+    from smcsd.train import train_rank_head, train_specblock
+    target, corpus = _byte_setup()
+    d = SpecBlockDrafter.create(target, num_layers=1, block_size=3, seed=0)
+    trained = SpecBlockDrafter(d.block_config, train_specblock(target, d, corpus, steps=40, lr=3e-3, num_anchors=4,
+                                                               progress=False).params).bind(target)
+    res, e = train_rank_head(target, trained, corpus, steps=80, lr=3e-3, num_anchors=4, width=32, progress=False,
+                             eval_every=80)
+    ev = res.history["eval"][-1]
+    majority = max(ev["class0"], ev["class3"], 1 - ev["class0"] - ev["class3"])  # a bound on any single class share
+    assert ev["acc"] > ev["class0"] and ev["acc"] > 0.5, ev
+    assert ev["acc"] >= majority - 0.05 and ev["ce"] < res.history["eval"][0]["ce"], ev
+    assert e.builds_rank_trees

@@ -194,6 +194,9 @@ class Drafter:
         """Host-side: raise ValueError (naming the fix) unless `propose_tree` can build `tree`."""
         if type(self).propose_tree is Drafter.propose_tree:
             self.propose_tree(None, None, None, None, None, None, tree)  # raises: chains only
+        if tree.budget and not getattr(self, "builds_rank_trees", False):
+            raise ValueError(f"tree {str(tree)!r} is a rank-head tree, which needs a SpecBlockDrafter with a rank head "
+                             f"(smcsd.load(pair, drafter='specblock')); {self.describe()} builds fixed-shape trees only")
         if tree.branches:
             raise ValueError(f"tree {str(tree)!r} asks for D²SD branches ('+{tree.branches}'), which need a D2SDDrafter "
                              f"(smcsd.load(pair, drafter='d2sd')); {self.describe()} builds product trees only")

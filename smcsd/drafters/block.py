@@ -286,11 +286,17 @@ class BlockDrafter(Drafter):
         tensors = _read_tensors(os.path.join(path, "model.safetensors"))
         params = _unflatten({k: jnp.asarray(np.asarray(v, np.float32), config.model.jnp_dtype)
                              for k, v in tensors.items()})
-        expected = jax.eval_shape(lambda: cls._init_params(config, 0, 0.02))
+        expected = jax.eval_shape(lambda: cls._expected_params(config, params))
         if jax.tree_util.tree_structure(expected) != jax.tree_util.tree_structure(params) or any(
                 a.shape != b.shape for a, b in zip(jax.tree_util.tree_leaves(expected), jax.tree_util.tree_leaves(params))):
             raise ValueError(f"the weights in {path} do not match its config.json (tensor names or shapes differ)")
         return cls(config, params, name=name or os.path.basename(os.path.normpath(path)))
+
+    @classmethod
+    def _expected_params(cls, config, loaded):
+        """The params a checkpoint of `config` must hold (shapes checked by `load`; `loaded` for optional parts)."""
+        del loaded
+        return cls._init_params(config, 0, 0.02)
 
     def astype(self, dtype: str) -> "BlockDrafter":
         config = dataclasses.replace(self.block_config, model=dataclasses.replace(self.block_config.model, dtype=dtype))

@@ -40,8 +40,9 @@ from models.rope import inverse_frequencies, rope_tables
 from models.transformer import Part, RMSNorm, _dense
 
 from ..sampling import process_logits, sample
-from .base import Proposal
+from .base import Proposal, TreeProposal
 from .block import BlockConfig, BlockDrafter, BlockLayer, _logits
+from .tree import product_tree
 
 
 @dataclasses.dataclass(frozen=True)
@@ -121,6 +122,46 @@ class SpecBlockNet(nn.Module):
         return h, self.chain_feature(raw)
 
 
+RANK_FEATURES = 15  # top-10 log-probs, three logit gaps, top-1 probability, entropy of the top 20
+RANK_CLASSES = 4  # rank of the target's token under q: 1 / 2-4 / 5-10 / > 10
+
+
+def rank_features(logits):
+    """SpecBlock's 15 confidence features `[..., 15]` of draft logits `[..., V]` (log-probs at temperature 1)."""
+    lp = jax.nn.log_softmax(logits.astype(jnp.float32), -1)
+    k = min(20, lp.shape[-1])
+    top = jax.lax.top_k(lp, k)[0]
+    if k < 20:  # tiny vocabularies: pad with a negligible log-prob
+        top = jnp.concatenate([top, jnp.full(top.shape[:-1] + (20 - k,), -30.0)], -1)
+    gaps = jnp.stack([top[..., 0] - top[..., 1], top[..., 0] - top[..., 4], top[..., 0] - top[..., 9]], -1)
+    w = jax.nn.softmax(top, -1)
+    ent = -(w * jnp.log(jnp.maximum(w, 1e-30))).sum(-1, keepdims=True)
+    return jnp.concatenate([top[..., :10], gaps, jnp.exp(top[..., :1]), ent], -1)
+
+
+def rank_class(logits, token):
+    """The rank class `[...]` of `token` under draft logits `[..., V]`: 0 (rank 1), 1 (2-4), 2 (5-10), 3 (> 10)."""
+    x = jnp.take_along_axis(logits, token[..., None], -1)
+    rank = (logits > x).sum(-1) + 1
+    return jnp.searchsorted(jnp.asarray([1, 4, 10]), rank, side="left").astype(jnp.int32)
+
+
+def init_rank_params(hidden_size: int, seed: int = 0, width: int = 256) -> dict:
+    """The rank head: an MLP over [normed slot hidden state; 15 confidence features] -> 4 rank classes."""
+    k1, k2 = jax.random.split(jax.random.PRNGKey(seed))
+    n = hidden_size + RANK_FEATURES
+    return {"w1": jax.random.normal(k1, (n, width), jnp.float32) / jnp.sqrt(n), "b1": jnp.zeros((width,), jnp.float32),
+            "w2": jax.random.normal(k2, (width, RANK_CLASSES), jnp.float32) / jnp.sqrt(width),
+            "b2": jnp.zeros((RANK_CLASSES,), jnp.float32)}
+
+
+def rank_logits(rank_params, hidden, logits):
+    """Rank-class logits `[..., 4]` from the drafter's normed hidden states and logits (both detached)."""
+    x = jnp.concatenate([jax.lax.stop_gradient(hidden).astype(jnp.float32),
+                         jax.lax.stop_gradient(rank_features(logits))], -1)
+    return jax.nn.silu(x @ rank_params["w1"] + rank_params["b1"]) @ rank_params["w2"] + rank_params["b2"]
+
+
 def causal_blocks(num_blocks: int, slots: int):
     """bool `[A*S, A*S]`: each slot sees the slots of its own block up to itself."""
     blk = jnp.repeat(jnp.arange(num_blocks), slots)
@@ -158,6 +199,26 @@ class SpecBlockDrafter(BlockDrafter):
             jax.random.PRNGKey(seed), jnp.zeros((1, 2, config.context_size), dt),
             jnp.zeros((1, 2), jnp.int32), jnp.ones((1, config.block_size, 2), bool))["params"]
 
+    @classmethod
+    def _expected_params(cls, config, loaded):
+        net = cls._init_params(config, 0, 0.02)
+        if "rank_head" in loaded:  # optional: trained after the drafter (smcsd.train.train_rank_head)
+            net["rank_head"] = init_rank_params(config.model.hidden_size, 0, loaded["rank_head"]["b1"].shape[0])
+        return net
+
+    def with_rank_head(self, rank_params) -> "SpecBlockDrafter":
+        """This drafter with a rank head (`init_rank_params` shapes; trained by `smcsd.train.train_rank_head`)."""
+        return type(self)(self.block_config, {**self.params, "rank_head": rank_params}, self.shared, self.name)
+
+    @property
+    def builds_rank_trees(self) -> bool:
+        return self.params is not None and "rank_head" in self.params
+
+    def drafter_params(self):
+        p = super().drafter_params()
+        net = dict(p["net"])
+        return {**p, "net": {k: v for k, v in net.items() if k != "rank_head"}, "rank": net.get("rank_head")}
+
     @property
     def max_tokens_per_proposal(self):
         return None  # blocks chain: any K
@@ -188,7 +249,7 @@ class SpecBlockDrafter(BlockDrafter):
         return self._net().apply({"params": params["net"]}, *args, method=method)
 
     def block_logits_from(self, params, cache, feat, anchors, positions0, ctx_len, slots: int):
-        """(logits `[R, slots, V]`, raw hidden `[R, slots, H]`) of one block: anchor feature `feat [R, H]` (already
+        """(logits `[R, slots, V]`, raw hidden, normed hidden `[R, slots, H]`) of one block: anchor feature `feat [R, H]` (already
         projected), anchor tokens `anchors [R]`, slot 0 at `positions0 [R]`, context slots < `ctx_len`."""
         c = self.block_config.model
         emb = jnp.take(params["embed"], anchors, axis=0)
@@ -198,7 +259,7 @@ class SpecBlockDrafter(BlockDrafter):
         ctx = [[Part(cache.k[i], cache.v[i], ctx_mask)] for i in range(c.num_hidden_layers)]
         blk = jnp.broadcast_to(causal_blocks(1, slots), (anchors.shape[0], slots, slots))
         h, raw = self._net_apply(params, x, slots, positions, ctx, blk, method=SpecBlockNet.block_hidden)
-        return _logits(h, params), raw
+        return _logits(h, params), raw, h
 
     def propose(self, params, state, feed, feed_count, key, sampling, num_tokens: int) -> Proposal:
         cache, last = state
@@ -211,7 +272,7 @@ class SpecBlockDrafter(BlockDrafter):
         keys = jax.random.split(key, -(-K // S))
         for b, k0 in enumerate(range(0, K, S)):
             n = min(S, K - k0)
-            logits, raw = self.block_logits_from(params, cache, feat, anchors, pos0, ctx_len, n)
+            logits, raw, _ = self.block_logits_from(params, cache, feat, anchors, pos0, ctx_len, n)
             lq = process_logits(logits, sampling)
             t = sample(keys[b], lq)
             toks.append(t)
@@ -229,9 +290,42 @@ class SpecBlockDrafter(BlockDrafter):
         newest = jnp.take_along_axis(target_hidden, idx[:, None, None], axis=1)[:, 0].astype(jnp.float32)
         return cache, jnp.where((num_valid > 0)[:, None], newest, last)
 
-    def propose_tree(self, params, state, feed, feed_count, key, sampling, tree):
-        raise ValueError("SpecBlock's rank-head trees are not built yet: use method='sd' (or 'sd-multi', 'smc') with "
-                         "a SpecBlockDrafter")
+    def check_tree(self, tree) -> None:
+        super().check_tree(tree)
+        S = self.block_config.block_size
+        if tree.depth > S:
+            raise ValueError(f"tree depth {tree.depth} is more than this SpecBlock drafter's slots per forward ({S}); "
+                             f"use a tree of depth <= {S}")
+
+    def propose_tree(self, params, state, feed, feed_count, key, sampling, tree) -> TreeProposal:
+        """One block forward (depth <= S slots). A fixed-shape tree draws every depth-d node's children from slot d's
+        q (a slot does not depend on the tokens drafted before it in its block, so all nodes of a depth share it). A
+        rank tree (`tree.budget`) gives each node `tree.rank_widths[c]` "top" children, c the rank head's class of
+        its depth, and keeps the `budget` nodes of highest cumulative log q (module docstring of drafters/tree.py)."""
+        self.check_tree(tree)
+        cache, last = state
+        D = tree.depth
+        anchors = jnp.take_along_axis(feed, (feed_count - 1)[:, None], axis=1)[:, 0]
+        ctx_len = cache.lengths + feed_count - 1
+        feat = self._net_apply(params, last, method=SpecBlockNet.feature)
+        logits, _, h = self.block_logits_from(params, cache, feat, anchors, ctx_len, ctx_len, D)
+        lq = process_logits(logits, sampling)  # [R, D, V]
+        new_state = (cache.set_lengths(cache.lengths + feed_count + D - 1), last)
+        R = lq.shape[0]
+        if not tree.budget:
+            widths = (1,) + tree.level_widths
+            tokens, trial, valid = product_tree(
+                key, tree, lambda d, _: jnp.broadcast_to(lq[:, d:d + 1], (R, widths[d], lq.shape[-1])))
+            parents, depths = tree.product_layout()
+            M = len(parents)
+            return TreeProposal(tokens, jnp.broadcast_to(jnp.asarray(parents), (R, M)),
+                                jnp.broadcast_to(jnp.asarray(depths), (R, M)), trial, valid, new_state)
+        cls = jnp.argmax(rank_logits(params["rank"], h, logits), -1)  # [R, D]
+        width = jnp.asarray(tree.rank_widths, jnp.int32)[cls]
+        tokens, parents, depths, valid = rank_tree(lq, width, tree.budget, max(tree.branching))
+        V = lq.shape[-1]
+        trial = jnp.where(tokens[..., None] == jnp.arange(V), 0.0, -jnp.inf).astype(jnp.float32)
+        return TreeProposal(tokens, parents, depths, trial, valid, new_state)
 
     # ------------------------------------------------------------------ row operations (compound state)
     def lengths(self, state):
@@ -249,6 +343,53 @@ class SpecBlockDrafter(BlockDrafter):
 
     def compact(self, state, start, index, count):
         return state
+
+
+def rank_tree(lq, width, budget: int, cap: int):
+    """A budgeted tree from per-depth distributions `lq [R, D, V]` (each depth's nodes share one, as in a SpecBlock
+    block) and per-depth widths `width [R, D]` (<= cap): every node at depth d gets the top width[d] tokens of
+    lq[d] as children; of all such nodes the `budget` with the highest cumulative log q are kept (a node's score
+    never exceeds its parent's, and ties go to the shallower node, so the kept set contains its ancestors).
+    Returns breadth-first (tokens, parents, depths, valid) `[R, budget]`."""
+    R, D, V = lq.shape
+    k = min(cap, V)
+    top_lp, top_tok = jax.lax.top_k(lq, k)  # [R, D, k]
+    allowed = (jnp.arange(k)[None, None, :] < width[..., None]) & (top_lp > -jnp.inf)
+    score_d = jnp.where(allowed, top_lp, -jnp.inf)
+    scores, toks, par, dep, offset = [], [], [], [], 0
+    prev = None  # (scores [R, n]) of the kept nodes of the level above
+    for d in range(D):
+        if prev is None:
+            s, t, pa = score_d[:, 0], top_tok[:, 0], jnp.full((R, k), -1, jnp.int32)
+        else:
+            n = prev.shape[1]
+            s = (prev[:, :, None] + score_d[:, d][:, None, :]).reshape(R, n * k)
+            t = jnp.broadcast_to(top_tok[:, d][:, None, :], (R, n, k)).reshape(R, n * k)
+            pa = jnp.broadcast_to(offset - n + jnp.arange(n, dtype=jnp.int32)[None, :, None], (R, n, k)).reshape(R, -1)
+        keep = min(budget, s.shape[1])  # at most `budget` nodes of one level can matter
+        s, idx = jax.lax.top_k(s, keep)
+        t, pa = jnp.take_along_axis(t, idx, 1), jnp.take_along_axis(pa, idx, 1)
+        scores.append(s - 1e-6 * (d + 1))  # ties: the shallower node first
+        toks.append(t)
+        par.append(pa)
+        dep.append(jnp.full((R, keep), d + 1, jnp.int32))
+        prev, offset = s, offset + keep
+    s, t, pa, dp = (jnp.concatenate(x, 1) for x in (scores, toks, par, dep))
+    M = min(budget, s.shape[1])
+    sel = jnp.sort(jax.lax.top_k(s, M)[1], axis=1)  # candidate order is breadth-first: parents come first
+    new_index = jnp.full((R, s.shape[1]), -1, jnp.int32).at[jnp.arange(R)[:, None], sel].set(
+        jnp.broadcast_to(jnp.arange(M, dtype=jnp.int32), (R, M)))
+    valid = jnp.take_along_axis(s, sel, 1) > -jnp.inf
+    parent_c = jnp.take_along_axis(pa, sel, 1)
+    parents = jnp.where(parent_c < 0, -1, jnp.take_along_axis(new_index, jnp.maximum(parent_c, 0), 1))
+    parents = jnp.where(valid, parents, -1)
+    depths = jnp.where(valid, jnp.take_along_axis(dp, sel, 1), 1)
+    out = (jnp.take_along_axis(t, sel, 1).astype(jnp.int32), parents, depths, valid)
+    if M < budget:  # fewer candidate nodes than the budget: pad with invalid slots
+        pad = budget - M
+        out = tuple(jnp.concatenate([x, jnp.full((R, pad), f, x.dtype)], 1)
+                    for x, f in zip(out, (0, -1, 1, False)))
+    return out
 
 
 def reference_block_logits(drafter: SpecBlockDrafter, target_hidden, anchor_pos: int, anchor_token, slots: int,

@@ -16,6 +16,11 @@ test that child against — its *trial distribution*, what `TreeProposal.logq` h
 
 With these trial distributions recursive rejection sampling down the tree is exact for all three (and for any
 mix, as long as each child's recorded distribution is its law given everything drawn before it).
+
+A *budgeted* tree (`budget` > 0, SpecBlock's rank-head trees, string form "rank:24x4") has no fixed shape: the
+drafter chooses each node's width from a rank head's prediction (`rank_widths[c]` for class c), takes that many
+"top" children, and keeps the `budget` nodes of highest cumulative log q. Only the node count M = budget, the
+depth and the widest node are static; parents and depths travel with the proposal.
 """
 
 from __future__ import annotations
@@ -43,6 +48,8 @@ class TreeSpec:
     branching: tuple[int, ...] = (2, 2, 1, 1)
     children: str = "sample"
     branches: int = 0
+    budget: int = 0  # > 0: a budgeted rank-head tree of `budget` nodes (module docstring)
+    rank_widths: tuple[int, ...] = (2, 4, 6, 4)  # children per rank class (rank 1 / 2-4 / 5-10 / > 10)
 
     def __post_init__(self):
         b = self.branching
@@ -58,6 +65,16 @@ class TreeSpec:
         if isinstance(self.branches, bool) or not isinstance(self.branches, (int, np.integer)) or self.branches < 0:
             raise ValueError(f"tree branches must be an int >= 0, got {self.branches!r}")
         object.__setattr__(self, "branches", int(self.branches))
+        if isinstance(self.budget, bool) or not isinstance(self.budget, (int, np.integer)) or self.budget < 0:
+            raise ValueError(f"tree budget must be an int >= 0, got {self.budget!r}")
+        object.__setattr__(self, "budget", int(self.budget))
+        object.__setattr__(self, "rank_widths", tuple(int(w) for w in self.rank_widths))
+        if self.budget:
+            if self.children != "top" or self.branches or len(self.rank_widths) != 4 or min(self.rank_widths) < 0:
+                raise ValueError("a budgeted (rank-head) tree takes 'top' children, no D²SD branches and four "
+                                 f"rank_widths >= 0; got children={self.children!r}, branches={self.branches}, "
+                                 f"rank_widths={self.rank_widths}")
+            object.__setattr__(self, "branching", (max(1, max(self.rank_widths)),) * self.depth)
         if self.branches >= self.depth + 1:
             raise ValueError(f"a tree of depth {self.depth} has {self.depth} re-anchoring points; "
                              f"branches={self.branches} is too many (at most {self.depth})")
@@ -67,6 +84,13 @@ class TreeSpec:
         """From the CLI form "2,2,1,1", "2,2,1,1:distinct", "1,1,1,1+2" (a chain plus 2 D²SD branches)."""
         if isinstance(text, TreeSpec):
             return text
+        if isinstance(text, str) and text.strip().startswith("rank:"):
+            try:
+                budget, depth = (int(x) for x in text.strip()[5:].split("x"))
+            except ValueError:
+                raise ValueError(f"tree {text!r}: a rank-head tree is written 'rank:<budget>x<depth>', e.g. "
+                                 "'rank:24x4'") from None
+            return cls((1,) * depth, "top", budget=budget)
         if not isinstance(text, str):
             raise TypeError(f"tree must be a smcsd.TreeSpec or a string like '2,2,1,1:sample', got {text!r}")
         s, children, branches = text.strip(), "sample", 0
@@ -86,6 +110,8 @@ class TreeSpec:
         return cls(branching, children.strip(), branches)
 
     def __str__(self):
+        if self.budget:
+            return f"rank:{self.budget}x{self.depth}"
         return ",".join(map(str, self.branching)) + (f"+{self.branches}" if self.branches else "") + f":{self.children}"
 
     @property
@@ -104,11 +130,15 @@ class TreeSpec:
     @property
     def num_nodes(self) -> int:
         """M: every node slot (the target verifies M + 1 tokens per call: the root x_0 and the nodes)."""
+        if self.budget:
+            return self.budget
         return self.product_nodes + self.branches * self.depth
 
     @property
     def max_candidates(self) -> int:
         """A bound on the nodes at one depth (what the tree walk tries per depth)."""
+        if self.budget:
+            return max(self.branching)
         return max(self.level_widths) + self.branches
 
     def product_layout(self) -> tuple[np.ndarray, np.ndarray]:

@@ -7,6 +7,10 @@ computes. Each anchor also trains a block chained from slot M - 1 of the first (
 (seed, step)): anchor feature = the drafter's own hidden state at that slot, token = the gold x_{a+M} (teacher
 forcing), slots at a + M + k predicting x_{a+M+k+1}, the same context < a.
 
+Rank head (`train_rank_head`, a second stage on the trained drafter, which stays frozen — the paper co-trains it, but
+its input is detached anyway): an MLP on [normed slot hidden state; 15 confidence features of q] predicting the rank
+class of the target's argmax under q (1 / 2-4 / 5-10 / > 10), cross-entropy, first-block slots of random anchors.
+
 Loss (SpecBlock): sum over both blocks and slots of 0.8^k * m_k * (kl_weight * KL(p_T || q_k) + ce_weight * CE), divided
 by the number of blocks, with the valid-prefix mask m_k = prod_{j<k} [argmax q_j = argmax p_T at j] (the chained block's
 mask also needs the first block's slots 0..M-1 right), `losses.valid_prefix_mask`; `valid_prefix=False` keeps every
@@ -26,13 +30,14 @@ import numpy as np
 from models.transformer import Part
 
 from ..drafters.block import _logits
-from ..drafters.specblock import SpecBlockConfig, SpecBlockDrafter, SpecBlockNet, causal_blocks
+from ..drafters.specblock import (SpecBlockConfig, SpecBlockDrafter, SpecBlockNet, causal_blocks, init_rank_params,
+                                  rank_class, rank_logits)
 from .block import sample_anchors
 from .data import TeacherStream, TextCorpus
 from .loop import TrainResult, train, training_info
 from .losses import token_cross_entropy, token_forward_kl_topk, valid_prefix_mask
 
-__all__ = ["sample_chain_points", "specblock_loss", "specblock_train_logits", "train_specblock"]
+__all__ = ["sample_chain_points", "specblock_loss", "specblock_train_logits", "train_rank_head", "train_specblock"]
 
 
 def sample_chain_points(seed: int, step: int, shape, slots: int) -> np.ndarray:
@@ -40,9 +45,11 @@ def sample_chain_points(seed: int, step: int, shape, slots: int) -> np.ndarray:
     return np.random.default_rng([seed, step, 0x5BC]).integers(1, slots + 1, size=shape).astype(np.int32)
 
 
-def specblock_train_logits(config: SpecBlockConfig, net_params, shared, tokens, hidden, anchors, chain):
+def specblock_train_logits(config: SpecBlockConfig, net_params, shared, tokens, hidden, anchors, chain,
+                           return_hidden: bool = False):
     """Logits, gold labels and in-range flags `[Bt, A, 2, S, ...]` of the first block (index 0) and the chained block
-    (index 1) of every anchor; also the teacher positions `[Bt, A, 2, S]` each slot is scored against."""
+    (index 1) of every anchor; also the teacher positions `[Bt, A, 2, S]` each slot is scored against (and, with
+    `return_hidden`, the normed hidden states `[Bt, A, 2, S, H]`)."""
     Bt, T = tokens.shape
     A, S = anchors.shape[1], config.block_size
     net = SpecBlockNet(config)
@@ -53,12 +60,14 @@ def specblock_train_logits(config: SpecBlockConfig, net_params, shared, tokens, 
     ctx = [[Part(k, v, jnp.arange(T)[None, None, :] < a_of[:, :, None])] for k, v in kv]
     blk = jnp.broadcast_to(causal_blocks(A, S), (Bt, A * S, A * S))
     k = jnp.arange(S, dtype=jnp.int32)
+    hidden_out = []
 
     def block(feat, tok, start):  # start [Bt, A]: slot 0's position
         emb = jnp.take(shared["embed"], tok, axis=0)
         x = apply(feat, emb, S, method=SpecBlockNet.inputs)
         bpos = (start[:, :, None] + k).reshape(Bt, A * S)
         h, raw = apply(x, S, bpos, ctx, blk, method=SpecBlockNet.block_hidden)
+        hidden_out.append(h.reshape(Bt, A, S, -1))
         return _logits(h, shared).reshape(Bt, A, S, -1), raw.reshape(Bt, A, S, -1)
 
     prev = jnp.take_along_axis(hidden, (anchors - 1)[:, :, None], axis=1)  # [Bt, A, n*H]
@@ -70,6 +79,8 @@ def specblock_train_logits(config: SpecBlockConfig, net_params, shared, tokens, 
     logits2, _ = block(feat2, jnp.take_along_axis(tokens, jnp.minimum(start2, T - 1), axis=1), start2)
     teach = jnp.stack([anchors[:, :, None] + k, start2[:, :, None] + k], axis=2)  # [Bt, A, 2, S]: predicting +1
     labels = jnp.take_along_axis(tokens, jnp.minimum(teach + 1, T - 1).reshape(Bt, -1), axis=1).reshape(teach.shape)
+    if return_hidden:
+        return jnp.stack([logits1, logits2], axis=2), labels, teach + 1 < T, teach, jnp.stack(hidden_out, axis=2)
     return jnp.stack([logits1, logits2], axis=2), labels, teach + 1 < T, teach
 
 
@@ -207,3 +218,81 @@ def train_specblock(target, drafter: SpecBlockDrafter, corpus: TextCorpus | Teac
                              budget={"blocks_seen": 2 * steps * corpus.batch_size * num_anchors})
         SpecBlockDrafter(config, res.params, name=drafter.name).save(out, export_dtype, info)
     return res
+
+
+@functools.lru_cache(maxsize=16)
+def _rank_programs(config: SpecBlockConfig):
+    def forward(rank_params, batch):
+        shared = {"embed": batch["embed"], "head": batch["head"]}
+        logits, _, in_range, teach, hidden = specblock_train_logits(
+            config, batch["net"], shared, batch["tokens"], batch["hidden"], batch["anchors"], batch["chain"],
+            return_hidden=True)
+        logits, hidden = jax.lax.stop_gradient(logits[:, :, 0]), jax.lax.stop_gradient(hidden[:, :, 0])
+        top1 = _teacher_at(batch["topk_ids"], teach)[:, :, 0, :, 0]
+        labels = rank_class(logits, top1)
+        out = rank_logits(rank_params, hidden, logits)
+        m = in_range[:, :, 0].astype(jnp.float32)
+        ce = -jnp.take_along_axis(jax.nn.log_softmax(out, -1), labels[..., None], -1)[..., 0]
+        acc = (jnp.argmax(out, -1) == labels).astype(jnp.float32)
+        n = jnp.maximum(m.sum(), 1.0)
+        freq = (jax.nn.one_hot(labels, 4) * m[..., None]).sum((0, 1, 2)) / n
+        return (ce * m).sum() / n, {"ce": (ce * m).sum() / n, "acc": (acc * m).sum() / n, "class0": freq[0],
+                                    "class3": freq[3]}
+    return forward, jax.jit(lambda p, b: forward(p, b)[1])
+
+
+def train_rank_head(target, drafter: SpecBlockDrafter, corpus: TextCorpus | TeacherStream, *, steps: int,
+                    lr: float = 1e-3, width: int = 256, num_anchors: int = 8, topk: int = 32, seed: int = 0,
+                    cache_dir: str | None = None, ckpt_dir: str | None = None, resume: bool = False,
+                    overwrite: bool = False, out: str | None = None, export_dtype: str = "float32",
+                    eval_every: int = 100, ckpt_every: int = 100, eval_rows: int | None = 64, progress: bool = True,
+                    stop_after: int | None = None, command: str | None = None):
+    """Train a rank head for a trained `drafter` (frozen). Returns `(TrainResult, drafter.with_rank_head(...))`; with
+    `out` the drafter is saved there with the head (its training.json gains a "rank_head" entry)."""
+    import json
+    import os
+    if not isinstance(drafter, SpecBlockDrafter):
+        raise TypeError(f"drafter must be a SpecBlockDrafter, got {type(drafter).__name__}")
+    drafter = drafter.bind(target)
+    config, S = drafter.block_config, drafter.block_config.block_size
+    stream = corpus if isinstance(corpus, TeacherStream) else TeacherStream(
+        target, corpus, topk=topk, layers=config.target_layers, cache_dir=cache_dir)
+    corpus, T = stream.corpus, stream.corpus.seq_len
+    dp = drafter.drafter_params()
+    frozen = {"net": dp["net"], "embed": dp["embed"], "head": dp["head"]}
+    forward, ev = _rank_programs(config)
+
+    def batch_of(b, step, salt):
+        anchors = sample_anchors(salt + seed, step, len(b["tokens"]), T, num_anchors)
+        return {**b, "anchors": anchors, "chain": np.full(anchors.shape, S, np.int32), **frozen}
+
+    def eval_fn(p):
+        tot, n = {}, 0
+        for i, b in enumerate(stream.eval_batches(eval_rows)):
+            r = ev(p, jax.tree_util.tree_map(jnp.asarray, batch_of(b, i, 10_000)))
+            tot = {k: tot.get(k, 0.0) + float(v) for k, v in r.items()}
+            n += 1
+        return {k: v / max(n, 1) for k, v in tot.items()}
+
+    meta = {"recipe": "train_rank_head", "block_config": config.to_dict(), "target_params": stream.params_fingerprint,
+            "corpus": corpus.fingerprint, "num_anchors": num_anchors, "topk": stream.topk, "seed": seed,
+            "width": width, "batch_size": corpus.batch_size, "seq_len": T}
+    t0 = time.time()
+    res = train(forward, init_rank_params(config.model.hidden_size, seed, width),
+                lambda step: batch_of(dict(stream.batch(step)), step, 0), steps=steps, lr=lr, weight_decay=0.0,
+                ckpt_dir=ckpt_dir, resume=resume, overwrite=overwrite,
+                eval_fn=eval_fn if len(corpus.heldout_rows) else None, eval_every=eval_every, ckpt_every=ckpt_every,
+                progress=progress, stop_after=stop_after, meta=meta, desc="specblock rank head", command=command)
+    with_head = drafter.with_rank_head(res.params)
+    if out and res.history["finished"]:
+        info = {}
+        if os.path.isfile(os.path.join(out, "training.json")):
+            with open(os.path.join(out, "training.json")) as f:
+                info = json.load(f)
+        h = res.history
+        info["rank_head"] = {"recipe": "train_rank_head", "run": h["run"], "final_eval": h["eval"][-1] if h["eval"]
+                             else None, "train_wall_s": round(h["wall_s"], 1),
+                             "this_process_s": round(time.time() - t0, 1), "commands": h.get("commands", []),
+                             "num_params": int(sum(np.size(x) for x in jax.tree_util.tree_leaves(res.params)))}
+        with_head.save(out, export_dtype, info)
+    return res, with_head
