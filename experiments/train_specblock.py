@@ -8,7 +8,7 @@
 Corpus and teacher as `train_block_drafter.py` (the same target layers, so SmolLM2's cached teacher is reused).
 The drafter: --layers decoder layers at the target's width (2 in the paper), --slots positions per forward (4),
 loss sum_k 0.8^k KL(p_T top-k || q_k) over a first and a chained block, under the valid-prefix mask unless
---no-valid-prefix. With --export the result goes to models/shipped/<pair>/drafters/specblock/ (with training.json).
+--no-valid-prefix; then (--rank-steps) the rank head on the frozen drafter, for rank-head trees. With --export the result goes to models/shipped/<pair>/drafters/specblock/ (with training.json).
 """
 
 from __future__ import annotations
@@ -24,9 +24,9 @@ if REPO not in sys.path:
 
 DEFAULTS = {  # per pair: sizes and a CPU budget (the block drafters' data and anchors)
     "tiny-code": dict(layers=2, slots=4, seq_len=256, batch_size=16, num_anchors=8, steps=500, lr=2e-3,
-                      max_tokens=2_000_000, topk=32, export_dtype="float32"),
+                      max_tokens=2_000_000, topk=32, export_dtype="float32", rank_steps=200),
     "smollm2-135m": dict(layers=2, slots=4, seq_len=256, batch_size=8, num_anchors=6, steps=400, lr=1e-3,
-                         max_tokens=None, topk=64, export_dtype="bfloat16"),
+                         max_tokens=None, topk=64, export_dtype="bfloat16", rank_steps=150),
 }
 
 
@@ -40,6 +40,8 @@ def main(argv=None):
     ap.add_argument("--max-tokens", type=int, default=None)
     ap.add_argument("--lr", type=float, default=None)
     ap.add_argument("--no-valid-prefix", action="store_true", help="keep every position in the loss (ablation)")
+    ap.add_argument("--rank-steps", type=int, default=None,
+                    help="then train the rank head for this many steps on the frozen drafter (0: none)")
     ap.add_argument("--export-dtype", choices=["float32", "bfloat16"], default=None)
     ap.add_argument("--eval-every", type=int, default=100)
     ap.add_argument("--eval-rows", type=int, default=32)
@@ -79,7 +81,18 @@ def main(argv=None):
         export_dtype=args.export_dtype, eval_every=args.eval_every, ckpt_every=args.ckpt_every,
         eval_rows=args.eval_rows, progress=not args.no_progress, stop_after=args.stop_after,
         curves_path=os.path.join(REPO, "experiments", "results", "train", tag), command=command)
+    rank = None
+    if res.history["finished"] and args.rank_steps:
+        from smcsd.train import train_rank_head
+        trained = SpecBlockDrafter(drafter.block_config, res.params, name="specblock").bind(target)
+        rank, _ = train_rank_head(
+            target, trained, corpus, steps=args.rank_steps, num_anchors=args.num_anchors, topk=args.topk,
+            seed=args.seed, cache_dir=args.cache_dir if args.pair == "smollm2-135m" else None,
+            ckpt_dir=os.path.join(REPO, "checkpoints", tag + "-rank"), resume=args.resume, overwrite=args.overwrite,
+            out=out, export_dtype=args.export_dtype, eval_every=args.eval_every, ckpt_every=args.ckpt_every,
+            eval_rows=args.eval_rows, progress=not args.no_progress, command=command)
     print(json.dumps({"final_eval": res.history["eval"][-1] if res.history["eval"] else None,
+                      "rank_eval": rank.history["eval"][-1] if rank and rank.history["eval"] else None,
                       "wall_s": round(res.history["wall_s"], 1), "out": out}, indent=1))
 
 

@@ -290,3 +290,49 @@ def test_rank_head_training_learns_the_classes():
     assert ev["acc"] > ev["class0"] and ev["acc"] > 0.5, ev
     assert ev["acc"] >= majority - 0.05 and ev["ce"] < res.history["eval"][0]["ce"], ev
     assert e.builds_rank_trees
+
+
+# ----------------------------------------------------------------------------- online adaptation (opt-in)
+
+def test_online_adaptation_bandit_and_update_rule():
+    """feedback(): a row starts as if its last cycle skipped, so the first feedback picks the untried 'update' arm
+    and moves the logit bias by lr * sum_{k <= n} (p_k - q_k) (live rows only); the next feedback books that arm's
+    reward (tokens committed / (1 + cost)) in its discounted sums."""
+    from smcsd.drafters import OnlineAdapt
+    target, _ = tiny_pair(V, SEED)
+    d = specblock(target, 3).adaptive(OnlineAdapt(lr=0.5, cost=0.1))
+    p_ = d.drafter_params()
+    seq = jnp.asarray([[0, 1, 2, 0, 1], [3, 4, 3, 2, 1]], jnp.int32)
+    state = d.init(p_, seq, jnp.asarray([5, 5]), 16, 1, target_hidden=_hidden(target, d, seq))
+    rng = np.random.default_rng(0)
+    p = jax.nn.softmax(jnp.asarray(rng.normal(size=(2, 3, V)), jnp.float32), -1)
+    q = jax.nn.softmax(jnp.asarray(rng.normal(size=(2, 2, V)), jnp.float32), -1)
+    n_acc, live = jnp.asarray([1, 2]), jnp.asarray([True, False])
+    s1 = d.feedback(state, p, q, n_acc, live)
+    np.testing.assert_array_equal(np.asarray(s1[1]["arm"]), [1, 0])  # row 1 is not live: unchanged
+    np.testing.assert_allclose(np.asarray(s1[1]["bias"][0]), 0.5 * np.asarray((p[0, :2] - q[0]).sum(0)), atol=1e-6)
+    assert float(jnp.abs(s1[1]["bias"][1]).max()) == 0.0
+    s2 = d.feedback(s1, p, q, n_acc, live)
+    np.testing.assert_allclose(np.asarray(s2[1]["n"][0]), [0.95, 1.0], atol=1e-6)
+    np.testing.assert_allclose(np.asarray(s2[1]["s"][0]), [0.95 * 2, 2 / 1.1], atol=1e-5)
+    with pytest.raises(ValueError, match="discount"):
+        OnlineAdapt(discount=0.0)
+    with pytest.raises(TypeError, match="OnlineAdapt"):
+        specblock(target, 3).adaptive(0.5)
+
+
+def test_online_adaptation_keeps_sd_exact():
+    """The bias depends only on past cycles and every proposal reports the q it used, so `sd` stays exact with
+    adaptation on (a large lr, so the bias really moves q within the 3 tokens)."""
+    from smcsd.drafters import OnlineAdapt
+    target, _ = tiny_pair(V, SEED)
+    d = specblock(target, 3).adaptive(OnlineAdapt(lr=5.0, cost=0.0, explore=0.0))
+    counts = sample_counts("sd", target, d, PROMPT, LENGTH, 20_000, batch=5000, seed=86, num_speculative_tokens=1,
+                           temperature=1.0)
+    probs = exact_distribution(target, PROMPT, LENGTH, temperature=1.0)
+    p = chi_square_pvalue(counts, probs)
+    assert p > P_MIN, (p, total_variation(counts, probs))
+    prompts = [[0, 1, 2, 0, 1], [3, 4, 3]]
+    kw = dict(target=target, max_new_tokens=12, temperature=0.0, eos_id=[])
+    assert (smcsd.decode(prompts, draft=d, method="sd", num_speculative_tokens=3, **kw).tokens
+            == smcsd.decode(prompts, method="ar", **kw).tokens)

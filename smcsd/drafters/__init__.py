@@ -21,7 +21,7 @@ from .block import BlockConfig, BlockDrafter
 from .d2sd import D2SDDrafter
 from .local import FusedDrafter, LocalHead
 from .mask import MaskDrafter
-from .specblock import SpecBlockConfig, SpecBlockDrafter
+from .specblock import OnlineAdapt, SpecBlockConfig, SpecBlockDrafter
 from .tree import TreeSpec
 from .base import Drafter, Proposal, TokenHistory, TreeProposal, initial_feed
 from .prompt_lookup import PromptLookup
@@ -43,5 +43,5 @@ def as_drafter(draft):
 
 
 __all__ = ["ARDrafter", "BlockConfig", "BlockDrafter", "D2SDDrafter", "Drafter", "FusedDrafter", "LocalHead",
-           "MaskDrafter", "SpecBlockConfig", "SpecBlockDrafter", "TreeSpec", "KINDS", "PromptLookup", "Proposal", "TokenHistory", "TreeProposal",
+           "MaskDrafter", "OnlineAdapt", "SpecBlockConfig", "SpecBlockDrafter", "TreeSpec", "KINDS", "PromptLookup", "Proposal", "TokenHistory", "TreeProposal",
            "as_drafter", "initial_feed"]

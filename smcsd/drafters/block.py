@@ -292,6 +292,11 @@ class BlockDrafter(Drafter):
             raise ValueError(f"the weights in {path} do not match its config.json (tensor names or shapes differ)")
         return cls(config, params, name=name or os.path.basename(os.path.normpath(path)))
 
+    def _rebuild(self, config=None, params=None, shared=None) -> "BlockDrafter":
+        """This drafter with some of config / params / shared replaced (subclasses carry their extra fields)."""
+        return type(self)(self.block_config if config is None else config, self.params if params is None else params,
+                          self.shared if shared is None else shared, self.name)
+
     @classmethod
     def _expected_params(cls, config, loaded):
         """The params a checkpoint of `config` must hold (shapes checked by `load`; `loaded` for optional parts)."""
@@ -301,7 +306,7 @@ class BlockDrafter(Drafter):
     def astype(self, dtype: str) -> "BlockDrafter":
         config = dataclasses.replace(self.block_config, model=dataclasses.replace(self.block_config.model, dtype=dtype))
         params = jax.tree_util.tree_map(lambda a: jnp.asarray(a, config.model.jnp_dtype), self.params)
-        return type(self)(config, params, self.shared, self.name)
+        return self._rebuild(config=config, params=params)
 
     # ------------------------------------------------------------------ host side
     @property
@@ -348,7 +353,7 @@ class BlockDrafter(Drafter):
         if self.params is None:
             raise ValueError(f"this {type(self).__name__} has no params; build it with {type(self).__name__}.create "
                              f"or {type(self).__name__}.load")
-        return type(self)(self.block_config, self.params, head_params(target), self.name)
+        return self._rebuild(shared=head_params(target))
 
     def drafter_params(self):
         if self.shared is None:

@@ -169,16 +169,66 @@ def causal_blocks(num_blocks: int, slots: int):
     return (blk[:, None] == blk[None, :]) & (idx[None, :] <= idx[:, None])
 
 
+@dataclasses.dataclass(frozen=True)
+class OnlineAdapt:
+    """SpecBlock's opt-in online adaptation under a cost-aware bandit (`SpecBlockDrafter.adaptive(...)`).
+
+    What is learned: a per-request logit bias b [V] added to every slot's logits (the drafter's weights stay as
+    trained). The free feedback: after each `sd` verification the target's processed distributions p_k at the
+    verified slots (already computed for the acceptance test) and the proposal's q_k. The update (one pass over
+    [K, V] per row): b <- b + lr * sum_{k <= n} (p_k - q_k), n the accepted count (the slots whose context was
+    committed, the first rejected one included): a gradient step on sum_k KL(p_k || q_k) with respect to b (up to
+    the temperature's scale). The bandit (per request, two arms: skip / update) pays `cost` — the update's price as
+    a fraction of a cycle — and picks by discounted UCB on the reward (tokens committed next cycle) / (1 + cost if
+    it updated): mean_a + explore * sqrt(log N / n_a), with counts and sums discounted by `discount` each cycle so
+    it follows a drifting workload. An update is chosen only while its measured gain beats its cost."""
+
+    lr: float = 0.5
+    cost: float = 0.02
+    discount: float = 0.95
+    explore: float = 0.5
+
+    def __post_init__(self):
+        for k in ("lr", "cost", "explore"):
+            v = getattr(self, k)
+            if not isinstance(v, (int, float)) or isinstance(v, bool) or not v >= 0:
+                raise ValueError(f"OnlineAdapt.{k} must be a number >= 0, got {v!r}")
+        if not isinstance(self.discount, (int, float)) or not 0 < self.discount <= 1:
+            raise ValueError(f"OnlineAdapt.discount must be in (0, 1], got {self.discount!r}")
+
+
 @dataclasses.dataclass(frozen=True, init=False)
 class SpecBlockDrafter(BlockDrafter):
     """SpecBlock drafter (module docstring). `SpecBlockDrafter.create(target, num_layers=2, block_size=4)`,
-    `.load(path)`, `.save(path)`; `.bind(target)` attaches the target's embedding and LM head."""
+    `.load(path)`, `.save(path)`; `.bind(target)` attaches the target's embedding and LM head;
+    `.adaptive(OnlineAdapt(...))` turns on online adaptation in `sd` (opt-in; `OnlineAdapt`)."""
+
+    adapt: OnlineAdapt | None = None
 
     kind = "specblock"
     shares_prefix = False  # its state carries a per-row anchor feature next to the context K/V
     _config_cls = SpecBlockConfig
     _net_cls = SpecBlockNet
     _format = "specblock"
+
+    def __init__(self, config, params=None, shared=None, name: str = "specblock", adapt: OnlineAdapt | None = None):
+        super().__init__(config, params, shared, name)
+        if adapt is not None and not isinstance(adapt, OnlineAdapt):
+            raise TypeError(f"adapt must be an OnlineAdapt (or None), got {type(adapt).__name__}")
+        object.__setattr__(self, "adapt", adapt)
+
+    def _rebuild(self, config=None, params=None, shared=None) -> "SpecBlockDrafter":
+        return SpecBlockDrafter(self.block_config if config is None else config,
+                                self.params if params is None else params, self.shared if shared is None else shared,
+                                self.name, self.adapt)
+
+    def adaptive(self, adapt: OnlineAdapt | None = OnlineAdapt()) -> "SpecBlockDrafter":
+        """This drafter with online adaptation (`OnlineAdapt`; None turns it off)."""
+        return SpecBlockDrafter(self.block_config, self.params, self.shared, self.name, adapt)
+
+    @property
+    def learns_online(self) -> bool:
+        return self.adapt is not None
 
     def __repr__(self):
         c = self.block_config
@@ -208,7 +258,7 @@ class SpecBlockDrafter(BlockDrafter):
 
     def with_rank_head(self, rank_params) -> "SpecBlockDrafter":
         """This drafter with a rank head (`init_rank_params` shapes; trained by `smcsd.train.train_rank_head`)."""
-        return type(self)(self.block_config, {**self.params, "rank_head": rank_params}, self.shared, self.name)
+        return self._rebuild(params={**self.params, "rank_head": rank_params})
 
     @property
     def builds_rank_trees(self) -> bool:
@@ -240,7 +290,11 @@ class SpecBlockDrafter(BlockDrafter):
         cache = init_cache(c.num_hidden_layers, B, cache_len, c.num_key_value_heads, c.head_dim, c.jnp_dtype)
         cache = self.write_context(params, cache, target_hidden, jnp.zeros((B,), jnp.int32)).set_lengths(prompt_len)
         last = jnp.take_along_axis(target_hidden, (prompt_len - 1)[:, None, None], axis=1)[:, 0]  # [B, n*H]
-        state = (cache, last.astype(jnp.float32))
+        rows = {"last": last.astype(jnp.float32)}
+        if self.adapt is not None:
+            rows.update(bias=jnp.zeros((B, c.vocab_size), jnp.float32), n=jnp.zeros((B, 2), jnp.float32),
+                        s=jnp.zeros((B, 2), jnp.float32), arm=jnp.zeros((B,), jnp.int32))
+        state = (cache, rows)
         if rows_per_prompt > 1:
             state = self.gather(state, jnp.repeat(jnp.arange(B), rows_per_prompt))
         return state
@@ -248,7 +302,7 @@ class SpecBlockDrafter(BlockDrafter):
     def _net_apply(self, params, *args, method):
         return self._net().apply({"params": params["net"]}, *args, method=method)
 
-    def block_logits_from(self, params, cache, feat, anchors, positions0, ctx_len, slots: int):
+    def block_logits_from(self, params, cache, feat, anchors, positions0, ctx_len, slots: int, bias=None):
         """(logits `[R, slots, V]`, raw hidden, normed hidden `[R, slots, H]`) of one block: anchor feature `feat [R, H]` (already
         projected), anchor tokens `anchors [R]`, slot 0 at `positions0 [R]`, context slots < `ctx_len`."""
         c = self.block_config.model
@@ -259,20 +313,23 @@ class SpecBlockDrafter(BlockDrafter):
         ctx = [[Part(cache.k[i], cache.v[i], ctx_mask)] for i in range(c.num_hidden_layers)]
         blk = jnp.broadcast_to(causal_blocks(1, slots), (anchors.shape[0], slots, slots))
         h, raw = self._net_apply(params, x, slots, positions, ctx, blk, method=SpecBlockNet.block_hidden)
-        return _logits(h, params), raw, h
+        logits = _logits(h, params)
+        if bias is not None:
+            logits = logits + bias[:, None, :]
+        return logits, raw, h
 
     def propose(self, params, state, feed, feed_count, key, sampling, num_tokens: int) -> Proposal:
-        cache, last = state
+        cache, rows = state
         S, K = self.block_config.block_size, num_tokens
         anchors = jnp.take_along_axis(feed, (feed_count - 1)[:, None], axis=1)[:, 0]
         ctx_len = cache.lengths + feed_count - 1  # committed target length: the pending token sits there
-        feat = self._net_apply(params, last, method=SpecBlockNet.feature)
+        feat = self._net_apply(params, rows["last"], method=SpecBlockNet.feature)
         pos0 = ctx_len
         toks, logqs = [], []
         keys = jax.random.split(key, -(-K // S))
         for b, k0 in enumerate(range(0, K, S)):
             n = min(S, K - k0)
-            logits, raw, _ = self.block_logits_from(params, cache, feat, anchors, pos0, ctx_len, n)
+            logits, raw, _ = self.block_logits_from(params, cache, feat, anchors, pos0, ctx_len, n, rows.get("bias"))
             lq = process_logits(logits, sampling)
             t = sample(keys[b], lq)
             toks.append(t)
@@ -281,14 +338,37 @@ class SpecBlockDrafter(BlockDrafter):
                 feat = self._net_apply(params, raw[:, -1], method=SpecBlockNet.chain_feature)
                 anchors, pos0 = t[:, -1], pos0 + n
         new = cache.set_lengths(cache.lengths + feed_count + K - 1)
-        return Proposal(jnp.concatenate(toks, 1), jnp.concatenate(logqs, 1), (new, last))
+        return Proposal(jnp.concatenate(toks, 1), jnp.concatenate(logqs, 1), (new, rows))
 
     def observe(self, params, state, tokens, target_hidden, start, num_valid):
-        cache, last = state
+        cache, rows = state
         cache = self.write_context(params, cache, target_hidden, start)
         idx = jnp.clip(num_valid - 1, 0, target_hidden.shape[1] - 1)
         newest = jnp.take_along_axis(target_hidden, idx[:, None, None], axis=1)[:, 0].astype(jnp.float32)
-        return cache, jnp.where((num_valid > 0)[:, None], newest, last)
+        return cache, {**rows, "last": jnp.where((num_valid > 0)[:, None], newest, rows["last"])}
+
+    def feedback(self, state, p, q, n_acc, live):
+        """`sd`'s free feedback after a verification (`OnlineAdapt`): target probabilities `p [R, K+1, V]`, the
+        proposal's `q [R, K, V]`, accepted counts `n_acc [R]`, live rows. Updates the bandit and, where it picks
+        the update arm, the logit bias."""
+        a = self.adapt
+        if a is None:
+            return state
+        cache, rows = state
+        K = q.shape[1]
+        liv = live.astype(jnp.float32)
+        arm = jax.nn.one_hot(rows["arm"], 2)  # the arm chosen last cycle, whose effect this cycle shows
+        reward = (n_acc + 1).astype(jnp.float32) / (1.0 + a.cost * rows["arm"])
+        n = a.discount * rows["n"] + arm * liv[:, None]
+        s = a.discount * rows["s"] + arm * (reward * liv)[:, None]
+        mean = s / jnp.maximum(n, 1e-6)
+        ucb = jnp.where(n > 1e-3, mean + a.explore * jnp.sqrt(jnp.log1p(n.sum(-1, keepdims=True)) /
+                                                              jnp.maximum(n, 1e-6)), jnp.inf)
+        nxt = jnp.argmax(ucb, -1).astype(jnp.int32)  # ties (both untried): skip first
+        m = ((jnp.arange(K)[None, :] <= n_acc[:, None]) & live[:, None]).astype(jnp.float32)
+        grad = jnp.einsum("rk,rkv->rv", m, p[:, :K] - q)
+        bias = rows["bias"] + a.lr * grad * (nxt == 1)[:, None]
+        return cache, {**rows, "bias": bias, "n": n, "s": s, "arm": jnp.where(live, nxt, rows["arm"])}
 
     def check_tree(self, tree) -> None:
         super().check_tree(tree)
@@ -303,14 +383,14 @@ class SpecBlockDrafter(BlockDrafter):
         rank tree (`tree.budget`) gives each node `tree.rank_widths[c]` "top" children, c the rank head's class of
         its depth, and keeps the `budget` nodes of highest cumulative log q (module docstring of drafters/tree.py)."""
         self.check_tree(tree)
-        cache, last = state
+        cache, rows = state
         D = tree.depth
         anchors = jnp.take_along_axis(feed, (feed_count - 1)[:, None], axis=1)[:, 0]
         ctx_len = cache.lengths + feed_count - 1
-        feat = self._net_apply(params, last, method=SpecBlockNet.feature)
-        logits, _, h = self.block_logits_from(params, cache, feat, anchors, ctx_len, ctx_len, D)
+        feat = self._net_apply(params, rows["last"], method=SpecBlockNet.feature)
+        logits, _, h = self.block_logits_from(params, cache, feat, anchors, ctx_len, ctx_len, D, rows.get("bias"))
         lq = process_logits(logits, sampling)  # [R, D, V]
-        new_state = (cache.set_lengths(cache.lengths + feed_count + D - 1), last)
+        new_state = (cache.set_lengths(cache.lengths + feed_count + D - 1), rows)
         R = lq.shape[0]
         if not tree.budget:
             widths = (1,) + tree.level_widths
@@ -335,11 +415,12 @@ class SpecBlockDrafter(BlockDrafter):
         return state[0].set_lengths(lengths), state[1]
 
     def copy_window(self, state, src, start, width: int):
-        return state[0].copy_window(src, start, width), state[1][jnp.asarray(src, jnp.int32)]
+        src = jnp.asarray(src, jnp.int32)
+        return state[0].copy_window(src, start, width), jax.tree_util.tree_map(lambda x: x[src], state[1])
 
     def gather(self, state, index):
         index = jnp.asarray(index, jnp.int32)
-        return state[0].gather(index), jnp.take(state[1], index, axis=0)
+        return state[0].gather(index), jax.tree_util.tree_map(lambda x: jnp.take(x, index, axis=0), state[1])
 
     def compact(self, state, start, index, count):
         return state
