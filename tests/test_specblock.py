@@ -143,6 +143,7 @@ def _byte_setup():
     return target, TextCorpus(texts, tokenizer=tok, seq_len=32, batch_size=8)
 
 
+@pytest.mark.slow  # default-run budget
 def test_training_forward_matches_decode_reference():
     """Both blocks of every anchor in the training pass (shared context K/V, block-causal mask, chained block from
     slot M - 1 with the gold token) have the logits of the cache-free decode reference."""
@@ -275,6 +276,7 @@ def test_rank_trees_greedy_and_errors(tmp_path):
             == smcsd.decode(prompts, draft=f, method="sd-tree", tree="rank:6x3", seed=4, **kw).tokens)
 
 
+@pytest.mark.slow  # default-run budget
 def test_rank_head_training_learns_the_classes():
     """On the byte toy, a trained SpecBlock's rank classes are predictable from its confidence: the head beats
     always guessing the most frequent class on held-out anchors."""
@@ -321,6 +323,7 @@ def test_online_adaptation_bandit_and_update_rule():
         specblock(target, 3).adaptive(0.5)
 
 
+@pytest.mark.slow  # default-run budget
 def test_online_adaptation_keeps_sd_exact():
     """The bias depends only on past cycles and every proposal reports the q it used, so `sd` stays exact with
     adaptation on (a large lr, so the bias really moves q within the 3 tokens)."""
