@@ -84,6 +84,22 @@ OTHER_RESULTS = [
      "the DFlash drafter (batch 1 and 8, T=0.7)", "experiments/bench_smollm2_pair.py --drafters ar-distilled "
      "dflash-dpace pard2 --sd-ks 4 --smc --batch-sizes 1 8 --prompts 4 --repeats 1 --max-new-tokens 64 --no-default "
      "--out experiments/results/bench_pard2_smollm2.json", None),
+    ("pard2_study_smollm2-135m.json", "PARD-2 mask drafters on SmolLM2-135M: CAT vs uniform weights, dual mode vs "
+     "specialised (sd, K = 4 and 8, T = 0 and 0.7)", "experiments/pard2_study.py --pair smollm2-135m --prompts 8 "
+     "--drafter cat=shipped uniform=DIR feat=DIR plain=DIR", None),
+    ("draft_cost_smollm2-135m.json", "SmolLM2-135M: drafting cost per cycle (one propose) next to the verify call, "
+     "each drafter, batch 1 and 8", "experiments/draft_cost.py --pair smollm2-135m --batch-sizes 1 8", None),
+    ("dels_study_tiny-code.json", "DeLS-Spec on tiny-code: DFlash alone vs DFlash + local head, two block checkpoints, "
+     "and the training cost of each", "experiments/dels_study.py --pair tiny-code", None),
+    ("dels_study_smollm2-135m.json", "DeLS-Spec on SmolLM2-135M: DFlash alone vs DFlash + local head",
+     "experiments/dels_study.py --pair smollm2-135m --prompts 8", None),
+    ("specblock_study_tiny-code.json", "SpecBlock on tiny-code: chain vs DFlash with drafting cost, valid-prefix mask "
+     "on/off, rank-head vs fixed top-k trees, online adaptation on a drifting workload",
+     "experiments/specblock_study.py --pair tiny-code --novp DIR", None),
+    ("bench_dels_specblock_smollm2.json", "SmolLM2-135M, side by side: sd K=4 with DeLS-Spec and SpecBlock against "
+     "the DFlash drafter (batch 1, T=0.7)", "experiments/bench_smollm2_pair.py --drafters dflash-dpace dels specblock "
+     "--sd-ks 4 --smc --batch-sizes 1 --prompts 4 --repeats 2 --max-new-tokens 64 --no-default "
+     "--out experiments/results/bench_dels_specblock_smollm2.json", None),
     ("cost_model_8b1b.json", "Projected: Llama-3.1-8B + 3.2-1B on H100 / TPU v5e (prompt 256, output 512)",
      "experiments/cost_model.py --device h100 tpu-v5e --bench experiments/results/quick/bench_speed.json "
      "--acceptance 0.81 --pair llama3.1-8b+llama3.2-1b --batch-sizes 1 --num-particles 4 -K 4 "
@@ -304,7 +320,12 @@ def write_page(path: str, *, mode: str, command: str, code: dict | None, code_js
         out += ["## Not included", "", "No results yet from " + ", ".join(missing) + ".", ""]
     os.makedirs(os.path.dirname(path), exist_ok=True)
     with open(path, "w") as f:
-        f.write("\n".join(out).rstrip() + "\n")
+        f.write(portable("\n".join(out)).rstrip() + "\n")
+
+
+def portable(text: str) -> str:
+    """`text` without this machine's paths: the repository's absolute path becomes relative, the home directory ~."""
+    return text.replace(REPO + os.sep, "").replace(REPO, ".").replace(os.path.expanduser("~") + os.sep, "~/")
 
 
 def _figure(obj, rel_json: str) -> str | None:

@@ -132,6 +132,8 @@ def test_make_docs_from_existing_results(tmp_path):
     assert text.startswith("# Benchmarks") and "## Speed" in text
     rendered = docs.render_generic({"device": "cpu", "rows": [{"a": 1, "b": 0.5}], "pairs": {"x": {"ms": 2.0}}})
     assert "| a | b |" in rendered and "| x | 2 |" in rendered and "- device: cpu" in rendered
+    assert docs.REPO not in text  # no machine paths on the page
+    assert docs.portable(f"see {docs.REPO}/experiments/x.json") == "see experiments/x.json"
 
 
 @pytest.mark.skipif("tiny-arith" not in smcsd.available_models(), reason="the shipped tiny-arith pair isn't built yet")
