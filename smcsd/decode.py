@@ -265,6 +265,10 @@ def prepare(
         if draft is None:
             raise ValueError(f"method {method!r} needs a draft model or drafter: pass draft=... (a small LanguageModel sharing "
                              "the target's vocabulary, or a smcsd.drafters.Drafter such as PromptLookup())")
+        if (method == "flex") != (getattr(draft, "kind", None) == "flex"):
+            raise ValueError("method 'flex' drafts with FlexDraft adapters (draft=smcsd.drafters.FlexDrafter, or "
+                             "smcsd.load(pair, drafter='flex')), and a FlexDrafter works with method='flex' only; got "
+                             f"method={method!r} with {draft.describe()}")
         draft = draft.bind(target)  # checks the vocabulary (and fills in what the drafter takes from the target)
         if not mdef.exact and not draft.full_support:
             raise ValueError(f"method {method!r} weights particles by p_T/q, so the drafter must give every token "

@@ -10,6 +10,8 @@
   restores left-to-right dependence inside the block.
 - `SpecBlockDrafter` (SpecBlock): S dependent positions per forward (slot queries, layer-wise shift), blocks
   chained from the drafter's own hidden state.
+- `FlexDrafter` (FlexDraft): mask-token adapters that let the target draft for itself inside its own verification
+  forward (method `flex`).
 - `MaskDrafter` (PARD-2): a small causal LM drafting K tokens in one forward over [pending, MASK x (K-1)],
   optionally with the target's hidden states added to its inputs (dual mode).
 """
@@ -19,6 +21,7 @@ from __future__ import annotations
 from .ar import ARDrafter
 from .block import BlockConfig, BlockDrafter
 from .d2sd import D2SDDrafter
+from .flex import FlexDrafter
 from .local import FusedDrafter, LocalHead
 from .mask import MaskDrafter
 from .specblock import OnlineAdapt, SpecBlockConfig, SpecBlockDrafter
@@ -27,7 +30,7 @@ from .base import Drafter, Proposal, TokenHistory, TreeProposal, initial_feed
 from .prompt_lookup import PromptLookup
 
 KINDS = {"ar": ARDrafter, "prompt-lookup": PromptLookup, "dflash": BlockDrafter, "d2sd": D2SDDrafter,
-         "pard2": MaskDrafter, "dels": FusedDrafter, "specblock": SpecBlockDrafter}
+         "pard2": MaskDrafter, "dels": FusedDrafter, "specblock": SpecBlockDrafter, "flex": FlexDrafter}
 
 
 def as_drafter(draft):
@@ -42,6 +45,6 @@ def as_drafter(draft):
                     f"or None, got {type(draft).__name__}")
 
 
-__all__ = ["ARDrafter", "BlockConfig", "BlockDrafter", "D2SDDrafter", "Drafter", "FusedDrafter", "LocalHead",
+__all__ = ["ARDrafter", "BlockConfig", "BlockDrafter", "D2SDDrafter", "Drafter", "FlexDrafter", "FusedDrafter", "LocalHead",
            "MaskDrafter", "OnlineAdapt", "SpecBlockConfig", "SpecBlockDrafter", "TreeSpec", "KINDS", "PromptLookup", "Proposal", "TokenHistory", "TreeProposal",
            "as_drafter", "initial_feed"]

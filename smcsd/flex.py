@@ -1,0 +1,98 @@
+"""Method `flex` (FlexDraft, arXiv 2605.20022): draft and verify in one target forward, no second model.
+
+Parallel mode, per cycle and request (K = num_speculative_tokens <= the adapters' group size S):
+1. one target forward (`models.flex.forward_flex`) over the clean block [x_0, d_1..d_K] — the pending token and the
+   drafts of the previous cycle — plus K + 1 mask groups, group k after candidate k (it assumes exactly k drafts
+   will be accepted). The clean part is the plain model's forward (bit for bit: masks never reach it);
+2. `sd`'s rejection sampling of d_1..d_K against the target's distributions with the q each draft was drawn from:
+   n accepted, the correction / bonus token c from the residual (exact, whatever q is);
+3. the next drafts come from group n (the one whose assumption came true): its mask states, with the now known
+   bonus c, give logits = LM head(h) + calibration MLP([embed(c); h]) (bonus-guided calibration); d'_j is sampled
+   from position j's processed distribution, independently across j, and that q is recorded for step 2 of the next
+   cycle. The first drafts come from one group placed after the prompt in the prefill forward.
+Exactness: every draft is drawn from a recorded q that depends only on the past, so the accept/reject step of `sd`
+leaves the output law p_T (tested by enumeration); at T = 0 the tokens are `ar`'s. Only the clean tokens write the
+cache; rolling back rejected drafts is setting lengths, as in `sd`.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+from models import init_cache
+from models.flex import draft_logits, forward_flex
+from models.transformer import layers_unstacked
+
+from .engine import MethodDef, StaticSpec, register_method
+from .sampling import process_logits, sample
+from .engine import is_stop
+from .sd import _State, _finish_cycle, _sample_probs, _take, accept_test, residual
+
+
+def build_flex(target_cfg, drafter, spec: StaticSpec):
+    B, K = spec.batch, spec.num_speculative_tokens
+    S = drafter.flex_config.group_size
+
+    def next_drafts(key, tp, fp, mask_hidden, bonus, sampling):
+        lq = process_logits(draft_logits(target_cfg, tp, fp, mask_hidden[:, :K], bonus), sampling)  # [B, K, V]
+        return sample(key, lq), lq
+
+    def program(tp, fp, inp):
+        cache = init_cache(target_cfg.num_hidden_layers, B, spec.cache_len, target_cfg.num_key_value_heads,
+                           target_cfg.head_dim, target_cfg.jnp_dtype, per_layer=layers_unstacked(tp))
+        last = (inp.prompt_len - 1)[:, None]
+        logits, cache, mh, _ = forward_flex(target_cfg, tp, fp, inp.prompt, cache, last, S, num_valid=inp.prompt_len,
+                                            logit_index=last)
+        key, k_first, k_draft = jax.random.split(inp.key, 3)
+        tok = sample(k_first, process_logits(logits[:, 0], inp.sampling))
+        drafts, dlq = next_drafts(k_draft, tp, fp, mh[:, 0], tok, inp.draft_sampling)
+        out = jnp.full((B, spec.out_len), -1, jnp.int32).at[:, 0].set(tok)
+        n = jnp.ones((B,), jnp.int32)
+        done = is_stop(tok, inp.stop_ids) | (n >= inp.max_new_tokens)
+        zero = jnp.int32(0)
+        feed = jnp.zeros((B, 2), jnp.int32)
+        state = _State(cache, (drafts, dlq), tok, feed, jnp.ones((B,), jnp.int32), out, n, done, key, zero,
+                       jnp.zeros((B,), jnp.int32), zero, zero, jnp.zeros((K,), jnp.int32))
+        anchors = jnp.broadcast_to(jnp.arange(K + 1, dtype=jnp.int32), (B, K + 1))
+
+        def body(s: _State) -> _State:
+            key, k_accept, k_corr, k_draft = jax.random.split(s.key, 4)
+            live = ~s.done
+            tlen_before = s.target_cache.lengths
+            x, dlq = s.draft_state
+            block = jnp.concatenate([s.tok[:, None], x], axis=1)
+            logits, tcache, mh, _ = forward_flex(target_cfg, tp, fp, block, s.target_cache, anchors, S,
+                                                 num_valid=jnp.where(live, K + 1, 0))
+            p = jnp.exp(process_logits(logits, inp.sampling))  # [B, K+1, V]
+            q = jnp.exp(dlq)
+            u = jax.random.uniform(k_accept, (B, K))
+            ok = accept_test(u, _take(p[:, :K], x), _take(q, x))
+            n_acc = jnp.sum(jnp.cumprod(ok.astype(jnp.int32), axis=1), axis=1)
+            q_pad = jnp.concatenate([q, jnp.zeros_like(q[:, :1])], axis=1)
+            p_n = jnp.take_along_axis(p, n_acc[:, None, None], axis=1)[:, 0]
+            q_n = jnp.take_along_axis(q_pad, n_acc[:, None, None], axis=1)[:, 0]
+            c = _sample_probs(k_corr, residual(p_n, q_n))
+            s = s._replace(key=key)
+            s, tlen, _ = _finish_cycle(s, inp, K, n_acc, x, c, tlen_before, tlen_before)
+            group = jnp.take_along_axis(mh, n_acc[:, None, None, None], axis=1)[:, 0]  # [B, S, H]
+            new_x, new_lq = next_drafts(k_draft, tp, fp, group, c, inp.draft_sampling)
+            x = jnp.where(live[:, None], new_x, x)
+            dlq = jnp.where(live[:, None, None], new_lq, dlq)
+            return s._replace(target_cache=tcache.set_lengths(tlen), draft_state=(x, dlq))
+
+        s = jax.lax.while_loop(lambda s: ~jnp.all(s.done), body, state)
+        return {"tokens": s.out, "lengths": s.n,
+                "stats": {"num_target_calls": s.calls, "live_calls": s.live_calls, "num_draft_calls": zero,
+                          "num_drafts": s.drafts, "num_draft_tokens": K * s.drafts, "num_accepted_tokens": s.accepted,
+                          "accepted_per_position": s.per_position}}
+
+    return program
+
+
+def _headroom(num_speculative_tokens, num_particles):
+    del num_particles
+    return num_speculative_tokens + 1
+
+
+FLEX = register_method(MethodDef(name="flex", build=build_flex, needs_draft=True, headroom=_headroom))

@@ -1,0 +1,120 @@
+"""FlexDraft (models/flex.py, smcsd/flex.py): the verified positions' logits and cache writes are the plain model's
+whatever the masks hold, `flex` reproduces the enumerated p_T and `ar`'s greedy tokens, calibration uses the bonus,
+the adapters save and load, and misuse is refused clearly."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import smcsd
+from models import forward_cached, init_cache, init_model
+from models.flex import FlexConfig, draft_logits, forward_flex, init_flex_params
+from models.transformer import unstack_layers
+from smcsd.drafters import FlexDrafter
+from toys import chi_square_pvalue, exact_distribution, sample_counts, tiny_config, tiny_pair, total_variation
+
+P_MIN = 1e-3  # a correct sampler fails a chi-square test with probability 1e-3 (seeds are fixed anyway)
+V, SEED = 6, 2
+PROMPT, LENGTH, K = (0, 1, 2, 0, 1), 3, 2
+
+
+def test_verified_positions_are_the_plain_models_whatever_the_masks():
+    target = init_model(tiny_config(V, layers=3), 0, init_std=0.8)
+    c, params = target.config, unstack_layers(target.params)  # the layout decode uses on CPU
+    tok = jnp.asarray([[0, 1, 2, 3, 4], [2, 3, 1, 0, 5]], jnp.int32)
+    cache = init_cache(c.num_hidden_layers, 2, 16, c.num_key_value_heads, c.head_dim, c.jnp_dtype, per_layer=True)
+    cache = forward_cached(c, params, jnp.asarray([[1, 2], [3, 3]], jnp.int32), cache)[1]  # some context first
+    ref_logits, ref_cache = forward_cached(c, params, tok, cache)
+    anchors = jnp.asarray([[0, 2, 4], [1, 1, 3]], jnp.int32)
+    outs = []
+    for seed, scale in ((1, 0.5), (7, 40.0)):  # two very different mask contents and adapters
+        fp = init_flex_params(c, params, FlexConfig(adapter_layers=2, group_size=3), seed=seed, std=0.5)
+        fp = fp._replace(mask_vector=fp.mask_vector * scale)
+        logits, new_cache, mh, _ = forward_flex(c, params, fp, tok, cache, anchors, 3)
+        np.testing.assert_allclose(np.asarray(logits), np.asarray(ref_logits), atol=1e-6, rtol=0)
+        for a, b in zip(new_cache.k + new_cache.v, ref_cache.k + ref_cache.v):
+            np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=1e-6, rtol=0)
+        outs.append(np.asarray(mh))
+    assert outs[0].shape == (2, 3, 3, c.hidden_size)
+    assert np.abs(outs[0] - outs[1]).max() > 1e-2  # the masks' states do depend on their content
+
+
+def test_masks_see_their_anchor_and_group_only():
+    """A group's states depend on the clean tokens up to its anchor, not on later ones, nor on other groups."""
+    target = init_model(tiny_config(V, layers=2), 0, init_std=0.8)
+    c, params = target.config, unstack_layers(target.params)
+    fp = init_flex_params(c, params, FlexConfig(adapter_layers=1, group_size=2), seed=3, std=0.5)
+    cache = init_cache(c.num_hidden_layers, 1, 16, c.num_key_value_heads, c.head_dim, c.jnp_dtype, per_layer=True)
+    a = forward_flex(c, params, fp, jnp.asarray([[0, 1, 2, 3]]), cache, jnp.asarray([[1, 3]]), 2)[2]
+    b = forward_flex(c, params, fp, jnp.asarray([[0, 1, 5, 4]]), cache, jnp.asarray([[1, 3]]), 2)[2]
+    np.testing.assert_allclose(np.asarray(a[:, 0]), np.asarray(b[:, 0]), atol=1e-6)  # anchor 1: tokens 2, 3 unseen
+    assert np.abs(np.asarray(a[:, 1] - b[:, 1])).max() > 1e-3  # anchor 3 sees them
+    single = forward_flex(c, params, fp, jnp.asarray([[0, 1, 2, 3]]), cache, jnp.asarray([[1]]), 2)[2]
+    np.testing.assert_allclose(np.asarray(single[:, 0]), np.asarray(a[:, 0]), atol=1e-6)  # other groups unseen
+
+
+def test_calibration_uses_the_bonus_token():
+    target, _ = tiny_pair(V, SEED)
+    c = target.config
+    fp = init_flex_params(c, target.params, FlexConfig(adapter_layers=1, group_size=2), seed=1)
+    h = jax.random.normal(jax.random.PRNGKey(0), (1, 2, c.hidden_size))
+    base = draft_logits(c, target.params, fp, h, jnp.asarray([1]))
+    w = target.params["embed_tokens"]["embedding"] if c.tie_word_embeddings else target.params["lm_head"]
+    np.testing.assert_allclose(np.asarray(base), np.asarray(jnp.einsum("bsd,vd->bsv", h, w)), atol=1e-5)  # zero init
+    fp = fp._replace(calib={**fp.calib, "w2": jax.random.normal(jax.random.PRNGKey(1), fp.calib["w2"].shape)})
+    assert np.abs(np.asarray(draft_logits(c, target.params, fp, h, jnp.asarray([1]))
+                             - draft_logits(c, target.params, fp, h, jnp.asarray([4])))).max() > 1e-3
+
+
+def flex_drafter(target, seed=1):
+    d = FlexDrafter.create(target, adapter_layers=1, group_size=3, seed=seed, std=0.5)
+    calib = {**d.params.calib, "w2": jax.random.normal(jax.random.PRNGKey(seed), d.params.calib["w2"].shape)}
+    return d.with_params(d.params._replace(calib=calib))  # a calibration that really moves q
+
+
+@pytest.mark.parametrize("setting", [
+    dict(temperature=1.0),
+    pytest.param(dict(temperature=0.7, top_k=3), marks=pytest.mark.slow),  # default-run budget
+])
+def test_flex_is_exact(setting):
+    target, _ = tiny_pair(V, SEED)
+    counts = sample_counts("flex", target, flex_drafter(target), PROMPT, LENGTH, 20_000, batch=5000, seed=87,
+                           num_speculative_tokens=K, **setting)
+    probs = exact_distribution(target, PROMPT, LENGTH, **setting)
+    p = chi_square_pvalue(counts, probs)
+    assert p > P_MIN, (p, total_variation(counts, probs))
+
+
+def test_greedy_flex_equals_ar_with_one_call_per_cycle():
+    target, _ = tiny_pair(V, SEED)
+    d = flex_drafter(target)
+    prompts = [[0, 1, 2, 0, 1], [3, 4, 3]]
+    kw = dict(target=target, max_new_tokens=14, temperature=0.0, eos_id=[])
+    ref = smcsd.decode(prompts, method="ar", **kw).tokens
+    res = smcsd.decode(prompts, draft=d, method="flex", num_speculative_tokens=3, **kw)
+    assert res.tokens == ref
+    assert res.stats.num_draft_calls == 0 and res.stats.num_target_calls < 14
+
+
+def test_save_load_and_errors(tmp_path):
+    target, _ = tiny_pair(V, SEED)
+    d = flex_drafter(target)
+    d.save(str(tmp_path / "flex"))
+    e = FlexDrafter.load(str(tmp_path / "flex"))
+    assert e == d and e.num_params == d.num_params
+    kw = dict(target=target, method="flex", max_new_tokens=8, num_speculative_tokens=2, seed=3, eos_id=[])
+    assert smcsd.decode([[1, 2, 3]], draft=d, **kw).tokens == smcsd.decode([[1, 2, 3]], draft=e, **kw).tokens
+    with pytest.raises(ValueError, match="method='flex' only"):
+        smcsd.decode([[1, 2, 3]], target=target, draft=d, method="sd", max_new_tokens=4)
+    with pytest.raises(ValueError, match="FlexDraft adapters"):
+        smcsd.decode([[1, 2, 3]], target=target, draft=target, method="flex", max_new_tokens=4)
+    with pytest.raises(ValueError, match="num_speculative_tokens"):
+        smcsd.decode([[1, 2, 3]], target=target, draft=d, method="flex", num_speculative_tokens=4, max_new_tokens=4)
+    with pytest.raises(ValueError, match="adapter_layers"):
+        FlexDrafter.create(target, adapter_layers=2)
+    other = init_model(tiny_config(V, layers=2), 0)
+    with pytest.raises(ValueError, match="another target"):
+        smcsd.decode([[1, 2, 3]], target=other, draft=d, method="flex", max_new_tokens=4)
