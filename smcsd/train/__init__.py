@@ -17,6 +17,7 @@
 - `local`: DeLS-Spec's local head `train_local_head` (next-token CE over short windows; target and block drafter
   untouched).
 - `specblock`: SpecBlock's `train_specblock` (chained blocks, valid-prefix mask, 0.8^k KL).
+- `flex`: FlexDraft's `train_flex` (mask adapters, mask vector and calibration MLP; the target frozen).
 - `cli`: the `train-drafter` subcommand (`add_parser`, `run`).
 """
 
@@ -24,6 +25,7 @@ from . import losses
 from .block import train_block_drafter
 from .local import train_local_head
 from .specblock import train_rank_head, train_specblock
+from .flex import train_flex
 from .data import TeacherStream, TextCorpus, check_vocab, params_fingerprint, read_texts
 from .loop import (TrainResult, ar_distill_loss, checkpoint_manager, distill_ar_drafter, draft_config_for,
                    export_model, flatten_params, make_optimizer, restore_checkpoint, save_checkpoint, save_curves,
@@ -33,5 +35,5 @@ __all__ = [
     "TeacherStream", "TextCorpus", "TrainResult", "ar_distill_loss", "check_vocab", "checkpoint_manager",
     "distill_ar_drafter", "draft_config_for", "export_model", "flatten_params", "losses", "make_optimizer",
     "params_fingerprint", "read_texts", "restore_checkpoint", "save_checkpoint", "save_curves", "train",
-    "train_block_drafter", "train_local_head", "train_rank_head", "train_specblock",
+    "train_block_drafter", "train_flex", "train_local_head", "train_rank_head", "train_specblock",
 ]
