@@ -124,6 +124,19 @@ def _resolve_models(target, draft):
     return target, as_drafter(draft)
 
 
+def _pair_flex(target):
+    """(target, its pair's FlexDraft adapters) for `decode(method="flex")` without a draft."""
+    from .pairs import available_drafters, load as load_pair
+    from models.registry import available_models
+    pair = "tiny-code" if target is None else str(getattr(target, "name", "")).split("/")[0]
+    if pair in available_models() and "flex" in available_drafters(pair):
+        t, adapters = load_pair(pair, drafter="flex", dtype=None if target is None else target.config.dtype)
+        return (t if target is None else target), adapters
+    raise ValueError("method 'flex' needs FlexDraft adapters for this target and none ship with it: pass "
+                     "draft=smcsd.drafters.FlexDrafter (train one with smcsd.train.train_flex), or use a pair that has "
+                     "them (smcsd.available_drafters(pair) lists 'flex')")
+
+
 _WARNED_SLOW_DTYPE = False
 
 
@@ -252,6 +265,8 @@ def prepare(
     """Check a `decode` call's arguments and lay it out (static spec, traced inputs, params), without compiling or
     running it: what `decode` runs, and what profilers (experiments/profile_smc.py) take apart. See `decode`."""
     _check_prompt_or_messages(prompt, messages)
+    if method == "flex" and draft is None:  # the target drafts for itself with its pair's FlexDraft adapters
+        target, draft = _pair_flex(target)
     target, draft = _resolve_models(target, draft)
     _warn_half_precision_on_cpu(target, draft.model if isinstance(draft, ARDrafter) else None)
     if method is not None and (not isinstance(method, str) or method not in METHODS):

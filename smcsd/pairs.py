@@ -20,7 +20,8 @@ import os
 from models.registry import FETCHABLE, available_models, load_pair as _load_target_pair, load_target
 from models.shipped import SHIPPED_DIR, load_model_dir
 
-from .drafters import BlockDrafter, D2SDDrafter, FusedDrafter, LocalHead, MaskDrafter, PromptLookup, SpecBlockDrafter
+from .drafters import (BlockDrafter, D2SDDrafter, FlexDrafter, FusedDrafter, LocalHead, MaskDrafter, PromptLookup,
+                       SpecBlockDrafter)
 
 # Model drafters, best first: `load(pair)` returns the first one the pair has.
 MODEL_DRAFTERS = ("ar-distilled", "ar")
@@ -28,6 +29,7 @@ BLOCK_DRAFTERS = ("dflash-dpace", "dflash", "specblock")  # BlockDrafter checkpo
 BLOCK_KINDS = {"specblock": SpecBlockDrafter}
 TREE_DRAFTERS = ("d2sd",)  # a variable-prefix block drafter + d2sd.json naming its main drafter
 MASK_DRAFTERS = ("pard2",)  # PARD-2: a small LM + mask embedding (+ feature projection), pard2.json
+FLEX_DRAFTERS = ("flex",)  # FlexDraft: mask adapters the target drafts with (method "flex")
 FUSED_DRAFTERS = ("dels",)  # DeLS-Spec: a local head + dels.json naming the block drafter and the fusion weights
 PARAM_FREE = {"prompt-lookup": PromptLookup}
 
@@ -48,7 +50,7 @@ def _check_pair(pair) -> str:
 def available_drafters(pair: str = "tiny-code") -> list[str]:
     """Drafter names `load(pair, drafter=...)` accepts, the pair's best model drafter first."""
     _check_pair(pair)
-    return [n for n in MODEL_DRAFTERS + BLOCK_DRAFTERS + TREE_DRAFTERS + MASK_DRAFTERS + FUSED_DRAFTERS if _drafter_dir(pair, n)] \
+    return [n for n in MODEL_DRAFTERS + BLOCK_DRAFTERS + TREE_DRAFTERS + MASK_DRAFTERS + FUSED_DRAFTERS + FLEX_DRAFTERS if _drafter_dir(pair, n)] \
         + sorted(PARAM_FREE)
 
 
@@ -75,6 +77,8 @@ def load(pair: str = "tiny-code", drafter: str | None = None, dtype: str | None 
         return target, block.bind(target)  # raises if the checkpoint does not fit this target
     if drafter in TREE_DRAFTERS:
         return target, _load_d2sd(pair, drafter, target)
+    if drafter in FLEX_DRAFTERS:
+        return target, FlexDrafter.load(_drafter_dir(pair, drafter), name=f"{pair}/{drafter}").bind(target)
     if drafter in FUSED_DRAFTERS:
         return target, _load_fused(pair, drafter, target)
     if drafter in MASK_DRAFTERS:

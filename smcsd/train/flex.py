@@ -30,10 +30,15 @@ from .data import TeacherStream, TextCorpus
 from .loop import train, training_info
 from .losses import token_cross_entropy, token_forward_kl_topk
 
-__all__ = ["flex_loss", "flex_train_logits", "train_flex"]
+__all__ = ["flex_loss", "flex_train_logits", "train_flex", "without_calibration"]
 
 
-def flex_train_logits(config, fc: FlexConfig, target_params, flex_params, tokens, anchors, calibrate: bool = True):
+def without_calibration(flex_params):
+    """The same adapters with the calibration MLP's output zeroed (the ablation of bonus-guided calibration)."""
+    return flex_params._replace(calib={**flex_params.calib, "w2": jnp.zeros_like(flex_params.calib["w2"])})
+
+
+def flex_train_logits(config, fc: FlexConfig, target_params, flex_params, tokens, anchors):
     """Draft logits `[Bt, A, S, V]` of the mask group after each anchor, the teacher positions they are scored at
     `[Bt, A, S]` (a + j: where the target predicts x_{a+1+j}), gold labels and in-range flags."""
     Bt, T = tokens.shape
@@ -42,9 +47,7 @@ def flex_train_logits(config, fc: FlexConfig, target_params, flex_params, tokens
     _, _, mh, _ = forward_flex(config, target_params, flex_params, tokens, cache, anchors, S,
                                logit_index=jnp.zeros((Bt, 1), jnp.int32))
     bonus = jnp.take_along_axis(tokens, jnp.minimum(anchors + 1, T - 1), axis=1)  # [Bt, A]
-    fp = flex_params if calibrate else flex_params._replace(
-        calib={**flex_params.calib, "w2": jnp.zeros_like(flex_params.calib["w2"])})
-    logits = draft_logits(config, target_params, fp, mh.reshape(Bt * A, S, -1), bonus.reshape(-1))
+    logits = draft_logits(config, target_params, flex_params, mh.reshape(Bt * A, S, -1), bonus.reshape(-1))
     teach = anchors[:, :, None] + jnp.arange(1, S + 1)  # [Bt, A, S]
     labels = jnp.take_along_axis(tokens, jnp.minimum(teach + 1, T - 1).reshape(Bt, -1), axis=1).reshape(teach.shape)
     return logits.reshape(Bt, A, S, -1), teach, labels, teach + 1 < T
@@ -74,15 +77,15 @@ def flex_loss(config, fc: FlexConfig, kl_weight: float = 1.0, ce_weight: float =
 
 @functools.lru_cache(maxsize=8)
 def _eval_program(config, fc: FlexConfig):
-    def ev(flex_params, batch, calibrate: bool):
+    def ev(flex_params, batch):
         logits, teach, _, ok = flex_train_logits(config, fc, batch["target"], flex_params, batch["tokens"],
-                                                 batch["anchors"], calibrate)
+                                                 batch["anchors"])
         q = jax.nn.softmax(logits, -1)
         ids, p = _teacher(batch["topk_ids"], teach), jnp.exp(_teacher(batch["topk_logp"], teach))
         alpha = jnp.minimum(p, jnp.take_along_axis(q, ids, -1)).sum(-1) * ok  # [Bt, A, S]
         return alpha.sum((0, 1)), ok.sum((0, 1)).astype(jnp.float32), jnp.cumprod(alpha, -1).sum(-1).sum(), \
             jnp.float32(alpha.shape[0] * alpha.shape[1])
-    return jax.jit(ev, static_argnums=2)
+    return jax.jit(ev)
 
 
 def train_flex(target, drafter: FlexDrafter, corpus: TextCorpus | TeacherStream, *, steps: int, lr: float = 1e-3,
@@ -117,12 +120,12 @@ def train_flex(target, drafter: FlexDrafter, corpus: TextCorpus | TeacherStream,
 
     def eval_fn(p):
         out = {}
-        for calibrate, tag in ((True, ""), (False, "_nocal")):
+        for params, tag in ((p, ""), (without_calibration(p), "_nocal")):
             a_sum = n = lens = blocks = 0.0
             for i, b in enumerate(stream.eval_batches(eval_rows)):
                 b = {**b, "anchors": sample_anchors(10_000 + seed, i, len(b["tokens"]), T, num_anchors), "target": tp}
                 b.pop("hidden", None)
-                r = [np.asarray(x, np.float64) for x in ev(p, jax.tree_util.tree_map(jnp.asarray, b), calibrate)]
+                r = [np.asarray(x, np.float64) for x in ev(params, jax.tree_util.tree_map(jnp.asarray, b))]
                 a_sum, n, lens, blocks = a_sum + r[0], n + r[1], lens + float(r[2]), blocks + float(r[3])
             alpha = a_sum / np.maximum(n, 1)
             out[f"accept_pos1{tag}"] = float(alpha[0])
