@@ -95,16 +95,18 @@ def _rms(p, x, eps):
 
 
 def forward_flex(config: ModelConfig, params, flex: FlexParams, tokens, cache: KVCache, anchors, group_size: int,
-                 num_valid=None, hidden_layers: Sequence[int] = (), logit_index=None):
+                 num_valid=None, hidden_layers: Sequence[int] = (), logit_index=None, anchor_positions=None):
     """Clean tokens `tokens [B, T]` written at each row's cache length (as `forward_cached`), plus `G` groups of
-    `group_size` masks after the clean tokens `anchors [B, G]` (indices into `tokens`). Returns `(logits [B, T, V], cache',
+    `group_size` masks after the clean tokens `anchors [B, G]` (indices into `tokens`) — or, with
+    `anchor_positions [B, G]`, after the tokens at those sequence positions (already in the cache or in `tokens`;
+    `anchors` is then ignored: the sequential mode's draft pass anchors a group on a committed token). Returns `(logits [B, T, V], cache',
     mask_hidden [B, G, S, H] (final-normed), hidden)` — `hidden` the clean tokens' states of `hidden_layers`
     (`[len, B, T, H]`, or None)."""
     c, dt = config, config.jnp_dtype
     if cache.prefix is not None:
         raise ValueError("forward_flex needs a cache without a shared prefix")
     B, T = tokens.shape
-    G = anchors.shape[1]
+    G = (anchors if anchor_positions is None else anchor_positions).shape[1]
     La, S = len(flex.layers), int(group_size)
     L = c.num_hidden_layers
     split = L - La
@@ -118,7 +120,8 @@ def forward_flex(config: ModelConfig, params, flex: FlexParams, tokens, cache: K
     k_all, v_all = cache.k, cache.v
     layer = DecoderLayer(c, 0.02, False)
     heads_major = isinstance(k_all, tuple)
-    anchor_pos = jnp.take_along_axis(positions, anchors, axis=1)  # [B, G]
+    anchor_pos = (jnp.take_along_axis(positions, anchors, axis=1) if anchor_positions is None
+                  else jnp.asarray(anchor_positions, jnp.int32))  # [B, G]
     j = jnp.arange(1, S + 1, dtype=jnp.int32)
     mpos = (anchor_pos[:, :, None] + 1 + j).reshape(B, G * S)
     mcos, msin = rope_tables(mpos, inv)

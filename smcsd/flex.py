@@ -10,6 +10,14 @@ Parallel mode, per cycle and request (K = num_speculative_tokens <= the adapters
    bonus c, give logits = LM head(h) + calibration MLP([embed(c); h]) (bonus-guided calibration); d'_j is sampled
    from position j's processed distribution, independently across j, and that q is recorded for step 2 of the next
    cycle. The first drafts come from one group placed after the prompt in the prefill forward.
+Sequential mode (`FlexDrafter.with_options(mode="sequential")`, and "auto" above `switch_batch` requests): a draft
+pass — the pending token x_0 (written to the cache; its logits are the target's distribution for d_1) plus one mask
+group on the last committed token, calibrated with x_0 — then a verify pass over d_1..d_K: two smaller calls per
+cycle instead of one with K + 1 groups of masks. Confidence cut (`tau` > 0): only the first L drafts are verified,
+L = #{i : prod_{j<=i} max q_j >= tau} (clamped to [1, K]); `stats.num_draft_tokens` counts the verified ones (the
+call still computes K + 1 positions per row: packing ragged rows into a fixed token budget is not built yet, so the
+cut saves acceptance work and shows how much verification it would save, not compute).
+
 Exactness: every draft is drawn from a recorded q that depends only on the past, so the accept/reject step of `sd`
 leaves the output law p_T (tested by enumeration); at T = 0 the tokens are `ar`'s. Only the clean tokens write the
 cache; rolling back rejected drafts is setting lengths, as in `sd`.
@@ -20,7 +28,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from models import init_cache
+from models import forward_cached, init_cache
 from models.flex import draft_logits, forward_flex
 from models.transformer import layers_unstacked
 
@@ -30,9 +38,32 @@ from .engine import is_stop
 from .sd import _State, _finish_cycle, _sample_probs, _take, accept_test, residual
 
 
+def confidence_length(dlq, tau: float):
+    """Drafts to verify per row `[B]`: L = #{i : prod_{j<=i} max q_j >= tau}, clamped to [1, K] (FlexDraft's cut)."""
+    K = dlq.shape[1]
+    if not tau:
+        return jnp.full(dlq.shape[:1], K, jnp.int32)
+    conf = jnp.cumsum(jnp.max(dlq, axis=-1), axis=1)  # log prod_{j<=i} top-1 probability
+    return jnp.clip(jnp.sum(conf >= jnp.log(tau), axis=1), 1, K).astype(jnp.int32)
+
+
+def _accept(key_u, key_c, p, q, x, L):
+    """sd's rejection sampling of drafts `x [B, K]` (q `[B, K, V]`) against p `[B, K+1, V]`, only the first `L[r]`
+    drafts tried: (accepted n [B], correction / bonus token [B])."""
+    B, K = x.shape
+    u = jax.random.uniform(key_u, (B, K))
+    ok = accept_test(u, _take(p[:, :K], x), _take(q, x)) & (jnp.arange(K)[None, :] < L[:, None])
+    n_acc = jnp.sum(jnp.cumprod(ok.astype(jnp.int32), axis=1), axis=1)
+    q_pad = jnp.concatenate([q, jnp.zeros_like(q[:, :1])], axis=1)
+    p_n = jnp.take_along_axis(p, n_acc[:, None, None], axis=1)[:, 0]
+    q_n = jnp.where((n_acc < L)[:, None], jnp.take_along_axis(q_pad, n_acc[:, None, None], axis=1)[:, 0], 0.0)
+    return n_acc, _sample_probs(key_c, residual(p_n, q_n))
+
+
 def build_flex(target_cfg, drafter, spec: StaticSpec):
     B, K = spec.batch, spec.num_speculative_tokens
     S = drafter.flex_config.group_size
+    mode, tau = drafter.mode_for(B), drafter.tau
 
     def next_drafts(key, tp, fp, mask_hidden, bonus, sampling):
         lq = process_logits(draft_logits(target_cfg, tp, fp, mask_hidden[:, :K], bonus), sampling)  # [B, K, V]
@@ -42,50 +73,62 @@ def build_flex(target_cfg, drafter, spec: StaticSpec):
         cache = init_cache(target_cfg.num_hidden_layers, B, spec.cache_len, target_cfg.num_key_value_heads,
                            target_cfg.head_dim, target_cfg.jnp_dtype, per_layer=layers_unstacked(tp))
         last = (inp.prompt_len - 1)[:, None]
-        logits, cache, mh, _ = forward_flex(target_cfg, tp, fp, inp.prompt, cache, last, S, num_valid=inp.prompt_len,
-                                            logit_index=last)
         key, k_first, k_draft = jax.random.split(inp.key, 3)
+        if mode == "parallel":  # the prefill also drafts: one group after the prompt
+            logits, cache, mh, _ = forward_flex(target_cfg, tp, fp, inp.prompt, cache, last, S,
+                                                num_valid=inp.prompt_len, logit_index=last)
+        else:
+            logits, cache = forward_cached(target_cfg, tp, inp.prompt, cache, num_valid=inp.prompt_len,
+                                           logit_index=last)
         tok = sample(k_first, process_logits(logits[:, 0], inp.sampling))
-        drafts, dlq = next_drafts(k_draft, tp, fp, mh[:, 0], tok, inp.draft_sampling)
+        if mode == "parallel":
+            drafts, dlq = next_drafts(k_draft, tp, fp, mh[:, 0], tok, inp.draft_sampling)
+        else:  # drafted at the start of each cycle
+            drafts = jnp.zeros((B, K), jnp.int32)
+            dlq = jnp.zeros((B, K, target_cfg.vocab_size), jnp.float32)
         out = jnp.full((B, spec.out_len), -1, jnp.int32).at[:, 0].set(tok)
         n = jnp.ones((B,), jnp.int32)
         done = is_stop(tok, inp.stop_ids) | (n >= inp.max_new_tokens)
         zero = jnp.int32(0)
-        feed = jnp.zeros((B, 2), jnp.int32)
-        state = _State(cache, (drafts, dlq), tok, feed, jnp.ones((B,), jnp.int32), out, n, done, key, zero,
-                       jnp.zeros((B,), jnp.int32), zero, zero, jnp.zeros((K,), jnp.int32))
+        state = _State(cache, (drafts, dlq, zero), tok, jnp.zeros((B, 2), jnp.int32), jnp.ones((B,), jnp.int32), out,
+                       n, done, key, zero, jnp.zeros((B,), jnp.int32), zero, zero, jnp.zeros((K,), jnp.int32))
         anchors = jnp.broadcast_to(jnp.arange(K + 1, dtype=jnp.int32), (B, K + 1))
 
         def body(s: _State) -> _State:
             key, k_accept, k_corr, k_draft = jax.random.split(s.key, 4)
             live = ~s.done
             tlen_before = s.target_cache.lengths
-            x, dlq = s.draft_state
-            block = jnp.concatenate([s.tok[:, None], x], axis=1)
-            logits, tcache, mh, _ = forward_flex(target_cfg, tp, fp, block, s.target_cache, anchors, S,
-                                                 num_valid=jnp.where(live, K + 1, 0))
+            x, dlq, verified = s.draft_state
+            if mode == "parallel":
+                block = jnp.concatenate([s.tok[:, None], x], axis=1)
+                logits, tcache, mh, _ = forward_flex(target_cfg, tp, fp, block, s.target_cache, anchors, S,
+                                                     num_valid=jnp.where(live, K + 1, 0))
+            else:  # draft pass: the pending token (written) + one group on the last committed token; verify pass
+                lg0, tcache, mh0, _ = forward_flex(target_cfg, tp, fp, s.tok[:, None], s.target_cache, None, S,
+                                                   num_valid=live.astype(jnp.int32),
+                                                   anchor_positions=(tlen_before - 1)[:, None])
+                x, dlq = next_drafts(k_draft, tp, fp, mh0[:, 0], s.tok, inp.draft_sampling)
+                lg1, tcache = forward_cached(target_cfg, tp, x, tcache, num_valid=jnp.where(live, K, 0))
+                logits = jnp.concatenate([lg0, lg1], axis=1)
+                tcache = tcache.set_lengths(tlen_before)  # _finish_cycle sets the committed length below
             p = jnp.exp(process_logits(logits, inp.sampling))  # [B, K+1, V]
-            q = jnp.exp(dlq)
-            u = jax.random.uniform(k_accept, (B, K))
-            ok = accept_test(u, _take(p[:, :K], x), _take(q, x))
-            n_acc = jnp.sum(jnp.cumprod(ok.astype(jnp.int32), axis=1), axis=1)
-            q_pad = jnp.concatenate([q, jnp.zeros_like(q[:, :1])], axis=1)
-            p_n = jnp.take_along_axis(p, n_acc[:, None, None], axis=1)[:, 0]
-            q_n = jnp.take_along_axis(q_pad, n_acc[:, None, None], axis=1)[:, 0]
-            c = _sample_probs(k_corr, residual(p_n, q_n))
-            s = s._replace(key=key)
+            L = confidence_length(dlq, tau)
+            n_acc, c = _accept(k_accept, k_corr, p, jnp.exp(dlq), x, L)
+            s = s._replace(key=key, calls=s.calls + (1 if mode == "sequential" else 0))
             s, tlen, _ = _finish_cycle(s, inp, K, n_acc, x, c, tlen_before, tlen_before)
-            group = jnp.take_along_axis(mh, n_acc[:, None, None, None], axis=1)[:, 0]  # [B, S, H]
-            new_x, new_lq = next_drafts(k_draft, tp, fp, group, c, inp.draft_sampling)
-            x = jnp.where(live[:, None], new_x, x)
-            dlq = jnp.where(live[:, None, None], new_lq, dlq)
-            return s._replace(target_cache=tcache.set_lengths(tlen), draft_state=(x, dlq))
+            verified = verified + jnp.sum(jnp.where(live, L, 0))
+            if mode == "parallel":  # the next drafts: the group whose assumption (n accepted) came true
+                group = jnp.take_along_axis(mh, n_acc[:, None, None, None], axis=1)[:, 0]  # [B, S, H]
+                new_x, new_lq = next_drafts(k_draft, tp, fp, group, c, inp.draft_sampling)
+                x = jnp.where(live[:, None], new_x, x)
+                dlq = jnp.where(live[:, None, None], new_lq, dlq)
+            return s._replace(target_cache=tcache.set_lengths(tlen), draft_state=(x, dlq, verified))
 
         s = jax.lax.while_loop(lambda s: ~jnp.all(s.done), body, state)
         return {"tokens": s.out, "lengths": s.n,
                 "stats": {"num_target_calls": s.calls, "live_calls": s.live_calls, "num_draft_calls": zero,
-                          "num_drafts": s.drafts, "num_draft_tokens": K * s.drafts, "num_accepted_tokens": s.accepted,
-                          "accepted_per_position": s.per_position}}
+                          "num_drafts": s.drafts, "num_draft_tokens": s.draft_state[2],
+                          "num_accepted_tokens": s.accepted, "accepted_per_position": s.per_position}}
 
     return program
 

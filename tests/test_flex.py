@@ -75,17 +75,44 @@ def flex_drafter(target, seed=1):
     return d.with_params(d.params._replace(calib=calib))  # a calibration that really moves q
 
 
-@pytest.mark.parametrize("setting", [
-    dict(temperature=1.0),
-    pytest.param(dict(temperature=0.7, top_k=3), marks=pytest.mark.slow),  # default-run budget
+@pytest.mark.parametrize("setting,options", [
+    (dict(temperature=1.0), {}),
+    (dict(temperature=1.0), dict(mode="sequential")),  # a draft pass, then a verify pass
+    pytest.param(dict(temperature=0.7, top_k=3), dict(tau=0.3), marks=pytest.mark.slow),  # confidence cut
 ])
-def test_flex_is_exact(setting):
+def test_flex_is_exact(setting, options):
     target, _ = tiny_pair(V, SEED)
-    counts = sample_counts("flex", target, flex_drafter(target), PROMPT, LENGTH, 20_000, batch=5000, seed=87,
+    d = flex_drafter(target).with_options(**options)
+    counts = sample_counts("flex", target, d, PROMPT, LENGTH, 20_000, batch=5000, seed=87,
                            num_speculative_tokens=K, **setting)
     probs = exact_distribution(target, PROMPT, LENGTH, **setting)
     p = chi_square_pvalue(counts, probs)
     assert p > P_MIN, (p, total_variation(counts, probs))
+
+
+def test_sequential_mode_and_confidence_cut():
+    """Greedy: both modes and the cut give ar's tokens; the sequential mode makes two target calls per cycle; a
+    high tau verifies fewer drafts (stats.num_draft_tokens) than no cut."""
+    target, _ = tiny_pair(V, SEED)
+    d = flex_drafter(target)
+    prompts = [[0, 1, 2, 0, 1], [3, 4, 3]]
+    kw = dict(target=target, max_new_tokens=14, eos_id=[], num_speculative_tokens=3)
+    ref = smcsd.decode(prompts, method="ar", temperature=0.0, **{k: v for k, v in kw.items()
+                                                                   if k != "num_speculative_tokens"}).tokens
+    seq = smcsd.decode(prompts, draft=d.with_options(mode="sequential"), method="flex", temperature=0.0, **kw)
+    assert seq.tokens == ref
+    cycles = seq.stats.num_drafts / 2  # two requests
+    assert seq.stats.num_target_calls >= 2 * (cycles - 1)
+    full = smcsd.decode(prompts, draft=d, method="flex", temperature=1.0, seed=1, **kw)
+    cut = smcsd.decode(prompts, draft=d.with_options(tau=0.5), method="flex", temperature=1.0, seed=1, **kw)
+    assert full.stats.num_draft_tokens == 3 * full.stats.num_drafts
+    assert cut.stats.num_draft_tokens < 3 * cut.stats.num_drafts
+    assert smcsd.decode(prompts, draft=d.with_options(tau=0.5), method="flex", temperature=0.0, **kw).tokens == ref
+    with pytest.raises(ValueError, match="mode"):
+        d.with_options(mode="fast")
+    with pytest.raises(ValueError, match="tau"):
+        d.with_options(tau=1.5)
+    assert d.mode_for(4) == "parallel" and d.mode_for(5) == "sequential"
 
 
 def test_greedy_flex_equals_ar_with_one_call_per_cycle():

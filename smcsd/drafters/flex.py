@@ -22,6 +22,8 @@ from models.flex import FlexConfig, FlexParams, init_flex_params
 
 from .base import Drafter
 
+MODES = ("parallel", "sequential", "auto")
+
 
 @dataclasses.dataclass(frozen=True, init=False)
 class FlexDrafter(Drafter):
@@ -31,12 +33,24 @@ class FlexDrafter(Drafter):
     target_config: ModelConfig
     params: FlexParams | None = dataclasses.field(compare=False, hash=False, repr=False)
     name: str = dataclasses.field(compare=False, hash=False, default="flex")
+    mode: str = "auto"  # "parallel" | "sequential" | "auto" (parallel up to `switch_batch` requests)
+    switch_batch: int = 4
+    tau: float = 0.0  # confidence cut: verify drafts while their cumulative top-1 probability stays >= tau (0: off)
 
     kind = "flex"
     supports_mesh = False
 
     def __init__(self, flex_config: FlexConfig, target_config: ModelConfig, params: FlexParams | None = None,
-                 name: str = "flex"):
+                 name: str = "flex", mode: str = "auto", switch_batch: int = 4, tau: float = 0.0):
+        if mode not in MODES:
+            raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
+        if not isinstance(switch_batch, int) or isinstance(switch_batch, bool) or switch_batch < 1:
+            raise ValueError(f"switch_batch must be an int >= 1, got {switch_batch!r}")
+        if isinstance(tau, bool) or not isinstance(tau, (int, float)) or not 0 <= tau < 1:
+            raise ValueError(f"tau (the confidence cut) must be in [0, 1), got {tau!r}")
+        object.__setattr__(self, "mode", mode)
+        object.__setattr__(self, "switch_batch", switch_batch)
+        object.__setattr__(self, "tau", float(tau))
         if not isinstance(flex_config, FlexConfig):
             raise TypeError(f"FlexDrafter takes a models.flex.FlexConfig, got {type(flex_config).__name__}")
         flex_config.check(target_config)
@@ -47,7 +61,8 @@ class FlexDrafter(Drafter):
 
     def __repr__(self):
         f = self.flex_config
-        return f"FlexDrafter({self.name!r}, adapter_layers={f.adapter_layers}, group_size={f.group_size})"
+        return (f"FlexDrafter({self.name!r}, adapter_layers={f.adapter_layers}, group_size={f.group_size}, "
+                f"mode={self.mode!r}, tau={self.tau})")
 
     @classmethod
     def create(cls, target, *, adapter_layers: int = 2, group_size: int = 4, calib_hidden: int = 256, seed: int = 0,
@@ -56,7 +71,22 @@ class FlexDrafter(Drafter):
         return cls(fc, target.config, init_flex_params(target.config, target.params, fc, seed, std), name)
 
     def with_params(self, params: FlexParams) -> "FlexDrafter":
-        return FlexDrafter(self.flex_config, self.target_config, params, self.name)
+        return FlexDrafter(self.flex_config, self.target_config, params, self.name, self.mode, self.switch_batch,
+                           self.tau)
+
+    def with_options(self, mode: str | None = None, switch_batch: int | None = None,
+                     tau: float | None = None) -> "FlexDrafter":
+        """The same adapters run in another mode ("parallel": draft and verify in one forward; "sequential": a
+        draft pass, then a verify pass; "auto": parallel up to `switch_batch` requests), or with a confidence cut
+        `tau` (verify drafts only while the product of their top-1 probabilities stays >= tau)."""
+        return FlexDrafter(self.flex_config, self.target_config, self.params, self.name,
+                           self.mode if mode is None else mode,
+                           self.switch_batch if switch_batch is None else switch_batch, self.tau if tau is None else tau)
+
+    def mode_for(self, batch: int) -> str:
+        if self.mode != "auto":
+            return self.mode
+        return "parallel" if batch <= self.switch_batch else "sequential"
 
     @property
     def num_params(self) -> int:
