@@ -317,14 +317,18 @@ def test_available_drafters_and_load():
     assert smcsd.load("tiny-code", drafter="ar")[1].name != draft.name
     _, lookup = smcsd.load("tiny-code", drafter="prompt-lookup")
     assert isinstance(lookup, PromptLookup)
-    with pytest.raises(ValueError, match="no drafter 'specblock'.*prompt-lookup"):
-        smcsd.load("tiny-code", drafter="specblock")
+    with pytest.raises(ValueError, match="no drafter 'no-such-drafter'.*prompt-lookup"):
+        smcsd.load("tiny-code", drafter="no-such-drafter")
     from smcsd.drafters import D2SDDrafter, MaskDrafter
     d2sd = smcsd.load("tiny-code", drafter="d2sd")[1]
     assert isinstance(d2sd, D2SDDrafter) and d2sd.main.name == "tiny-code/dflash-dpace"
     if "pard2" in names:
         pard = smcsd.load("tiny-code", drafter="pard2")[1]
         assert isinstance(pard, MaskDrafter) and pard.model.tokenizer is target.tokenizer
+    from smcsd.drafters import FlexDrafter, FusedDrafter, SpecBlockDrafter
+    for name, kind in (("dels", FusedDrafter), ("specblock", SpecBlockDrafter), ("flex", FlexDrafter)):
+        if name in names:  # the later papers' drafters, where the pair ships them
+            assert isinstance(smcsd.load("tiny-code", drafter=name)[1], kind), name
     from smcsd.drafters import BlockDrafter
     for name in ("dflash", "dflash-dpace"):  # the shipped block drafters, bound to the target
         assert name in names
