@@ -96,6 +96,8 @@ OTHER_RESULTS = [
     ("specblock_study_tiny-code.json", "SpecBlock on tiny-code: chain vs DFlash with drafting cost, valid-prefix mask "
      "on/off, rank-head vs fixed top-k trees, online adaptation on a drifting workload",
      "experiments/specblock_study.py --pair tiny-code --novp DIR", None),
+    ("flex_study_tiny-code.json", "FlexDraft on tiny-code: calibration on/off, confidence cut, and flex parallel / "
+     "sequential vs sd and ar by batch size", "experiments/flex_study.py --pair tiny-code", None),
     ("bench_dels_specblock_smollm2.json", "SmolLM2-135M, side by side: sd K=4 with DeLS-Spec and SpecBlock against "
      "the DFlash drafter (batch 1, T=0.7)", "experiments/bench_smollm2_pair.py --drafters dflash-dpace dels specblock "
      "--sd-ks 4 --smc --batch-sizes 1 --prompts 4 --repeats 2 --max-new-tokens 64 --no-default "
