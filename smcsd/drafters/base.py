@@ -11,6 +11,7 @@ Inside a program (DESIGN.md, "Drafters"):
         prop = d.propose(params, state, feed, feed_count, key, sampling, K)    # x_1..x_K and log q
         ... one target call on [x_0, x_1..x_K] (with hidden states of `d.hidden_layers`) ...
         state = d.observe(params, prop.state, block, hidden, start, num_valid)  # what was committed
+        state = d.feedback(state, p, q, n_acc, live)   # sd only, when d.learns_online (opt-in online adaptation)
         state = d.set_lengths(state, new_lengths)   # roll back to the accepted prefix
         (sd-multi: d.copy_window; smc: d.gather by ancestors)
 
@@ -194,7 +195,7 @@ class Drafter:
         """Host-side: raise ValueError (naming the fix) unless `propose_tree` can build `tree`."""
         if type(self).propose_tree is Drafter.propose_tree:
             self.propose_tree(None, None, None, None, None, None, tree)  # raises: chains only
-        if tree.budget and not getattr(self, "builds_rank_trees", False):
+        if tree.budget and not self.builds_rank_trees:
             raise ValueError(f"tree {str(tree)!r} is a rank-head tree, which needs a SpecBlockDrafter with a rank head "
                              f"(smcsd.load(pair, drafter='specblock')); {self.describe()} builds fixed-shape trees only")
         if tree.branches:
@@ -204,6 +205,16 @@ class Drafter:
         if limit is not None and tree.depth > limit:
             raise ValueError(f"tree depth {tree.depth} is more than {self.describe()} drafts per proposal (at most "
                              f"{limit}); use a shallower tree")
+
+    learns_online: bool = False  # `sd` calls `feedback` after every verification (SpecBlock's OnlineAdapt)
+    builds_rank_trees: bool = False  # `propose_tree` builds budgeted rank-head trees (TreeSpec.budget)
+
+    def feedback(self, state, p, q, n_acc, live):
+        """`sd`'s free feedback after a verification, for drafters that learn online (`learns_online`): the target's
+        processed probabilities `p [R, K+1, V]` at the verified positions, the proposal's `q [R, K, V]`, the accepted
+        counts `n_acc [R]` and live rows. Returns the new state (default: unchanged)."""
+        del p, q, n_acc, live
+        return state
 
     def observe(self, params, state, tokens, target_hidden, start, num_valid):
         """After verification: `tokens [R, T]` were verified at target positions `start[r]..start[r]+T-1` and the
