@@ -1,5 +1,5 @@
-"""Drafting cost per cycle, measured: one drafter `propose` of K tokens next to the target's verification call over
-K + 1 tokens, for each drafter of a pair and each batch size (SmolLM2-135M by default).
+"""Drafting cost per cycle, measured: one drafter `propose` of K tokens plus its `observe` of a verified cycle, next to
+the target's verification call over K + 1 tokens, for each drafter of a pair and each batch size (SmolLM2 default).
 
     python experiments/draft_cost.py --drafters ar-distilled dflash-dpace pard2 dels --ks 4 --batch-sizes 1 8
 
@@ -78,16 +78,28 @@ def main(argv=None) -> int:
                                                                  K).tokens], 1)
                 verify = jax.jit(lambda c, b: verify_call(tc, tp, b, c, hidden_layers=hl)[0])
                 verify_s, _ = report.timed(lambda: verify(pre[1], block), args.repeats, warmup=2)
-                row = {"drafter": name, "kind": d.kind, "batch": B, "K": K, "draft_ms": 1e3 * draft_s,
-                       "verify_ms": 1e3 * verify_s, "draft_over_verify": draft_s / verify_s,
-                       "draft_calls": d.calls_per_proposal(K)}
+                # observe: what the drafter does with a verified cycle (all K + 1 tokens committed here)
+                hidden = verify_call(tc, tp, block, pre[1], hidden_layers=hl)[2] if hl else None
+                pstate = propose(dp, state, feed, count, next(keys), sampling, K).state
+                observe = jax.jit(d.observe)
+                start = pre[1].lengths
+                nv = jnp.full((B,), K + 1, jnp.int32)
+                observe_s, _ = report.timed(lambda: observe(dp, pstate, block, hidden, start, nv), args.repeats,
+                                            warmup=2)
+                cycle = draft_s + observe_s
+                row = {"drafter": name, "kind": d.kind, "batch": B, "K": K, "propose_ms": 1e3 * draft_s,
+                       "observe_ms": 1e3 * observe_s, "draft_ms": 1e3 * cycle, "verify_ms": 1e3 * verify_s,
+                       "draft_over_verify": cycle / verify_s, "draft_calls": d.calls_per_proposal(K)}
                 rows.append(row)
-                print(f"batch {B} {name:>14} K={K}: draft {row['draft_ms']:7.2f} ms  verify {row['verify_ms']:7.2f} ms"
-                      f"  ratio {row['draft_over_verify']:.2f}", flush=True)
+                print(f"batch {B} {name:>14} K={K}: propose {row['propose_ms']:7.2f} ms  observe "
+                      f"{row['observe_ms']:6.2f} ms  verify {row['verify_ms']:7.2f} ms  ratio "
+                      f"{row['draft_over_verify']:.2f}", flush=True)
     table = report.markdown_table(
-        ["batch", "drafter", "K", "drafter calls", "draft ms", "verify ms (K+1 tokens)", "draft / verify"],
-        [[r["batch"], r["drafter"], r["K"], r["draft_calls"], report.fmt(r["draft_ms"], ".1f"),
-          report.fmt(r["verify_ms"], ".1f"), report.fmt(r["draft_over_verify"], ".2f")] for r in rows])
+        ["batch", "drafter", "K", "drafter calls", "propose ms", "observe ms", "drafting per cycle ms",
+         "verify ms (K+1 tokens)", "drafting / verify"],
+        [[r["batch"], r["drafter"], r["K"], r["draft_calls"], report.fmt(r["propose_ms"], ".1f"),
+          report.fmt(r["observe_ms"], ".1f"), report.fmt(r["draft_ms"], ".1f"), report.fmt(r["verify_ms"], ".1f"),
+          report.fmt(r["draft_over_verify"], ".2f")] for r in rows])
     print(table)
     out = args.out or report.results_path(f"draft_cost_{args.pair}.json")
     report.write_json(out, report.new_result(SCHEMA, machine=report.machine_info(), pair=args.pair,
