@@ -98,10 +98,6 @@ OTHER_RESULTS = [
      "experiments/specblock_study.py --pair tiny-code --novp DIR", None),
     ("flex_study_tiny-code.json", "FlexDraft on tiny-code: calibration on/off, confidence cut, and flex parallel / "
      "sequential vs sd and ar by batch size", "experiments/flex_study.py --pair tiny-code", None),
-    ("bench_dels_specblock_smollm2.json", "SmolLM2-135M, side by side: sd K=4 with DeLS-Spec and SpecBlock against "
-     "the DFlash drafter (batch 1, T=0.7)", "experiments/bench_smollm2_pair.py --drafters dflash-dpace dels specblock "
-     "--sd-ks 4 --smc --batch-sizes 1 --prompts 4 --repeats 2 --max-new-tokens 64 --no-default "
-     "--out experiments/results/bench_dels_specblock_smollm2.json", None),
     ("cost_model_8b1b.json", "Projected: Llama-3.1-8B + 3.2-1B on H100 / TPU v5e (prompt 256, output 512)",
      "experiments/cost_model.py --device h100 tpu-v5e --bench experiments/results/quick/bench_speed.json "
      "--acceptance 0.81 --pair llama3.1-8b+llama3.2-1b --batch-sizes 1 --num-particles 4 -K 4 "
