@@ -133,6 +133,7 @@ def test_block_drafter_smc_matches_finite_n_law():
     assert 0.5 * np.abs(laws[4] - target_law).sum() > 0.05  # L_4 is visibly biased: the test has power
 
 
+@pytest.mark.slow  # default-run budget
 def test_greedy_sd_equals_ar_with_one_drafter_call_per_cycle():
     """At T = 0, sd and sd-multi with a block drafter emit ar's tokens over many cycles (so `observe` runs between
     cycles), with one drafter call per target call whatever K."""
@@ -229,7 +230,7 @@ def test_sample_anchors():
         sample_anchors(0, 0, 1, 8, 7)
 
 
-@pytest.mark.parametrize("weighting", ["dflash", "dpace"])
+@pytest.mark.parametrize("weighting", [pytest.param("dflash", marks=pytest.mark.slow), "dpace"])  # budget
 def test_training_learns_the_target(tmp_path, weighting):
     """60 steps of KL-to-target training: held-out expected accepted length at least doubles from the random init's
     (0.05 -> 0.16 measured for both weightings; a random target over 259 bytes is hard to imitate),

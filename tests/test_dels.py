@@ -31,6 +31,7 @@ def fused(target, seed: int = 1, alpha=1.0, beta=0.3, block_size: int = 4):
     return FusedDrafter(block, LocalHead(head.config, head.params, prior), alpha=alpha, beta=beta)
 
 
+@pytest.mark.slow  # default-run budget
 def test_propose_follows_the_fused_q_it_reports():
     """K = 3 from one prompt, 20k rows: every row's reported log q equals the cache-free reference computed from the
     block's logits and that row's own drafted tokens; x_1 follows the block alone, x_2 (given x_1) the fused q, and
@@ -82,6 +83,7 @@ def test_fused_drafter_is_exact(method, setting):
     assert p > P_MIN, (method, p, total_variation(counts, probs))
 
 
+@pytest.mark.slow  # default-run budget
 def test_greedy_sd_equals_ar():
     target, _ = tiny_pair(V, SEED)
     d = fused(target, block_size=5)
@@ -93,6 +95,7 @@ def test_greedy_sd_equals_ar():
     assert res.stats.num_draft_calls == res.stats.num_target_calls
 
 
+@pytest.mark.slow  # default-run budget
 def test_save_load_and_fuse_with_another_block(tmp_path):
     target, _ = tiny_pair(V, SEED)
     d = fused(target)

@@ -159,6 +159,7 @@ def test_cost_model_measures_and_predicts(tmp_path):
             f"({100 * r['ratio_rel_error']:+.0f}%)" for r in cpu["rows"]))
 
 
+@pytest.mark.slow  # default-run budget
 def test_block_drafters_quick(tmp_path):
     """experiments/block_drafters.py on tiny-code: an AR and a block drafter side by side; the block drafter makes
     one drafter call per cycle and reads fewer weights per cycle than K passes of the AR drafter."""

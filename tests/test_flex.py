@@ -21,6 +21,7 @@ V, SEED = 6, 2
 PROMPT, LENGTH, K = (0, 1, 2, 0, 1), 3, 2
 
 
+@pytest.mark.slow  # default-run budget
 def test_verified_positions_are_the_plain_models_whatever_the_masks():
     target = init_model(tiny_config(V, layers=3), 0, init_std=0.8)
     c, params = target.config, unstack_layers(target.params)  # the layout decode uses on CPU
@@ -77,7 +78,7 @@ def flex_drafter(target, seed=1):
 
 @pytest.mark.parametrize("setting,options", [
     (dict(temperature=1.0), {}),
-    (dict(temperature=1.0), dict(mode="sequential")),  # a draft pass, then a verify pass
+    pytest.param(dict(temperature=1.0), dict(mode="sequential"), marks=pytest.mark.slow),  # draft pass + verify pass
     pytest.param(dict(temperature=0.7, top_k=3), dict(tau=0.3), marks=pytest.mark.slow),  # confidence cut
 ])
 def test_flex_is_exact(setting, options):
@@ -90,6 +91,7 @@ def test_flex_is_exact(setting, options):
     assert p > P_MIN, (p, total_variation(counts, probs))
 
 
+@pytest.mark.slow  # default-run budget
 def test_sequential_mode_and_confidence_cut():
     """Greedy: both modes and the cut give ar's tokens; the sequential mode makes two target calls per cycle; a
     high tau verifies fewer drafts (stats.num_draft_tokens) than no cut."""
@@ -115,6 +117,7 @@ def test_sequential_mode_and_confidence_cut():
     assert d.mode_for(4) == "parallel" and d.mode_for(5) == "sequential"
 
 
+@pytest.mark.slow  # default-run budget
 def test_greedy_flex_equals_ar_with_one_call_per_cycle():
     target, _ = tiny_pair(V, SEED)
     d = flex_drafter(target)
@@ -147,6 +150,7 @@ def test_save_load_and_errors(tmp_path):
         smcsd.decode([[1, 2, 3]], target=other, draft=d, method="flex", max_new_tokens=4)
 
 
+@pytest.mark.slow  # default-run budget
 def test_training_raises_acceptance(tmp_path):
     """train_flex on the byte toy: the held-out expected accepted length of the masks' drafts rises, calibration is
     reported separately, only the adapters change (the target's params are untouched) and the result loads."""

@@ -34,6 +34,7 @@ def _hidden(target, d, seq):
     return _hidden_concat(h)
 
 
+@pytest.mark.slow  # default-run budget
 def test_cached_proposals_match_the_reference_across_chaining_and_observe():
     target, _ = tiny_pair(V, SEED)
     S = 3
@@ -98,6 +99,7 @@ def test_specblock_smc_matches_finite_n_law():
     assert 0.5 * np.abs(laws[4] - target_law).sum() > 0.05
 
 
+@pytest.mark.slow  # default-run budget
 def test_greedy_sd_equals_ar():
     target, _ = tiny_pair(V, SEED)
     d = specblock(target, 3)
@@ -183,7 +185,8 @@ def test_valid_prefix_masks():
     assert float(m.sum()) == 6
 
 
-@pytest.mark.parametrize("valid_prefix", [True, pytest.param(False, marks=pytest.mark.slow)])
+@pytest.mark.slow  # default-run budget
+@pytest.mark.parametrize("valid_prefix", [True, False])
 def test_training_learns_the_target(tmp_path, valid_prefix):
     from smcsd.train import train_specblock
     target, corpus = _byte_setup()
@@ -238,7 +241,7 @@ def _with_rank_head(d, seed=0, scale=3.0):
 
 
 @pytest.mark.parametrize("tree", [
-    "rank:5x2",
+    pytest.param("rank:5x2", marks=pytest.mark.slow),  # default-run budget
     pytest.param("3,2:top", marks=pytest.mark.slow),  # a fixed top-k tree from the same block (default-run budget)
 ])
 def test_specblock_trees_are_exact(tree):
@@ -251,6 +254,7 @@ def test_specblock_trees_are_exact(tree):
     assert p > P_MIN, (tree, p, total_variation(counts, probs))
 
 
+@pytest.mark.slow  # default-run budget
 def test_rank_trees_greedy_and_errors(tmp_path):
     target, _ = tiny_pair(V, SEED)
     d = specblock(target, 3)
