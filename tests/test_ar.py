@@ -28,6 +28,7 @@ def _greedy_reference(model, ids, n):
     return ids[-n:]
 
 
+@pytest.mark.slow  # default-run budget
 def test_greedy_matches_naive_loop_ragged(byte_model):
     prompts = ["def", "import numpy as np", "x = 1\n"]
     res = smcsd.decode(prompts, target=byte_model, max_new_tokens=12, temperature=0.0, eos_id=[])

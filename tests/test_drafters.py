@@ -149,6 +149,7 @@ def test_prompt_lookup_greedy_equals_ar():
 
 # ----------------------------------------------------------------------------- smc: its exact finite-N law
 
+@pytest.mark.slow  # default-run budget
 def test_prompt_lookup_smc_matches_finite_n_law():
     """One SMC cycle (K = 1) with PromptLookup(floor=0.5) as the proposal: the output follows the SIR law
     L_N computed from the enumerated p_T and the NumPy reference q (chi-square at N = 4, where L_4 is far from

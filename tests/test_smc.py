@@ -551,6 +551,7 @@ def _inputs(prompts, **kw):
     return engine.ProgramInputs(**args)
 
 
+@pytest.mark.slow  # default-run budget
 def test_resampling_moves_whole_particles():
     """After cycles with resampling (tau = 1), every particle's target cache + pending token and draft
     cache + feed reproduce the full-sequence logits of its own token sequence (prompt + emitted
