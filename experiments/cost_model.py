@@ -135,11 +135,15 @@ class Device:
     # Accelerators overlap weight/KV streaming with arithmetic (roofline: max of the two); a CPU core
     # does one after the other, so there a call costs their sum.
     overlap: bool = True
+    link_bw: float = 0.0  # device-to-device bytes/s (sd-overlap's transfers between its two groups)
+    link_latency_s: float = 0.0  # per transfer
 
 
 DEVICES = {
-    "h100": Device("H100 SXM (3.35 TB/s, 989 TFLOP/s bf16)", 3.35e12, 989e12, 1e-6),
-    "tpu-v5e": Device("TPU v5e (819 GB/s, 197 TFLOP/s bf16)", 819e9, 197e12, 1e-6),
+    "h100": Device("H100 SXM (3.35 TB/s, 989 TFLOP/s bf16)", 3.35e12, 989e12, 1e-6, link_bw=450e9,
+                   link_latency_s=10e-6),
+    "tpu-v5e": Device("TPU v5e (819 GB/s, 197 TFLOP/s bf16)", 819e9, 197e12, 1e-6, link_bw=100e9,
+                      link_latency_s=10e-6),
 }
 
 
@@ -253,6 +257,52 @@ def cycle_cost(method: str, tcfg, dcfg, B: int, N: int, K: int, cache_len: int, 
     else:
         raise ValueError(f"unknown method {method!r}")
     return cycle, tokens, tt, td, bound
+
+
+def overlap_pairs():
+    """Pairs projected for sd-overlap: (name, config) of target and AR drafter."""
+    from models import ModelConfig
+    pairs = {k: v for k, v in _real_configs().items() if k == "llama3.1-8b+llama3.2-1b"}
+    smol = _real_configs()["smollm2-135m+dflash"][0]
+    ar = ModelConfig(vocab_size=49152, hidden_size=256, intermediate_size=768, num_hidden_layers=3,
+                     num_attention_heads=4, num_key_value_heads=2, head_dim=64, tie_word_embeddings=True,
+                     dtype="bfloat16", max_position_embeddings=8192)  # the shipped ar-distilled drafter
+    pairs["smollm2-135m+ar-distilled"] = (smol, ("ar-distilled (3 layers, width 256)", ar))
+    return pairs
+
+
+def overlap_projection(tcfg, dcfg, B: int, K: int, cache_len: int, dev: Device, stats: dict) -> dict:
+    """sd vs sd-overlap (MineDraft, smcsd/overlap.py) on `dev`, per cycle of sd at batch B. sd runs the batch's K draft
+    calls, then its verification, on one group. sd-overlap gives the drafter a group of its own and alternates two
+    half-batches, so a half-step costs max(t_verify, t_draft) + t_transfer (smcsd.overlap.overlap_step_model), where
+    t_transfer moves the proposal's tokens + log q [h, K, V] float32 and the verified block back over the device link.
+    Two settings:
+    - same requests (`overlap_same_*`): the B requests split into halves of B/2. When calls are memory-bound a half
+      costs about what the whole batch does (the weights are read either way), so two half-steps cost about twice
+      max(t_verify, t_draft): this loses to sd until calls turn compute-bound.
+    - MineDraft's (`overlap_doubled_*`): twice the requests in flight, halves of B, so each half-step serves as many
+      requests as one sd cycle: throughput x (t_verify + t_draft) / (max(t_verify, t_draft) + t_transfer), which
+      beats sd whenever t_transfer < min(t_verify, t_draft). It needs KV memory for 2B requests on the target group.
+    Tokens per cycle per request from the measured acceptance (`stats["acceptance_sd"]`), the same for all."""
+    from smcsd.overlap import overlap_step_model
+    tokens = expected_tokens(stats["acceptance_sd"], K) if stats.get("acceptance_sd") is not None else float("nan")
+
+    def halves(h):
+        tv, _ = call_time(tcfg, h, K + 1, cache_len, dev)
+        td = K * call_time(dcfg, h, 1, cache_len, dev)[0]
+        nbytes = h * K * tcfg.vocab_size * 4 + h * (2 * K + 8) * 4
+        tx = 2 * dev.link_latency_s + (nbytes / dev.link_bw if dev.link_bw else float("inf"))
+        return tv, td, tx, 2 * overlap_step_model(tv, td, tx)["overlap_step_s"]
+
+    tv_b, td_b = call_time(tcfg, B, K + 1, cache_len, dev)[0], K * call_time(dcfg, B, 1, cache_len, dev)[0]
+    sd_cycle = tv_b + td_b
+    tv, td, tx, same = halves(max(B // 2, 1))
+    _, _, tx2, doubled = halves(B)  # a half-step per B requests: two of them serve 2B
+    return dict(t_verify_s=tv_b, t_draft_s=td_b, t_transfer_s=tx2, t_verify_half_s=tv, t_draft_half_s=td,
+                sd_cycle_s=sd_cycle, sd_tokens_per_s=B * tokens / sd_cycle,
+                overlap_same_tokens_per_s=B * tokens / same, overlap_same_speedup=sd_cycle / same,
+                overlap_doubled_tokens_per_s=2 * B * tokens / doubled, overlap_doubled_speedup=2 * sd_cycle / doubled,
+                beats_sd_same=same < sd_cycle, beats_sd_doubled=doubled < 2 * sd_cycle, tokens_per_cycle=tokens)
 
 
 def steady_state(method, tcfg, dcfg, B, N, K, context, dev, stats, prompt_len=None, draft_block=None) -> dict:

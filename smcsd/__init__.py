@@ -9,6 +9,7 @@ from . import sd as _sd  # noqa: F401  (registers "sd", "sd-multi")
 from . import sd_tree as _sd_tree  # noqa: F401  (registers "sd-tree")
 from . import smc as _smc  # noqa: F401  (registers "smc")
 from . import flex as _flex  # noqa: F401  (registers "flex")
+from . import overlap as _overlap  # noqa: F401  (registers "sd-overlap")
 from .decode import available_methods, decode
 from .mesh import make_mesh
 from models.registry import available_models, fetch  # noqa: E402

@@ -334,7 +334,10 @@ def prepare(
         if limit is not None and K > limit:
             raise ValueError(f"num_speculative_tokens={K} is more than {draft.describe()} drafts per proposal "
                              f"(at most {limit}); pass num_speculative_tokens <= {limit}")
-        if mesh is not None and not draft.supports_mesh:
+        if method == "sd-overlap" and draft.learns_online:
+            raise ValueError(f"{draft.describe()} learns online from sd's feedback, which sd-overlap does not pass "
+                             "between its device groups; use method='sd', or a drafter without online adaptation")
+        if mesh is not None and not draft.supports_mesh and method != "sd-overlap":
             raise ValueError(f"{draft.describe()} cannot run on a mesh yet; call decode without mesh= (one device)")
 
     if messages is not None:  # a chat: rendered with the target's template, stopped at its end of turn
@@ -390,17 +393,21 @@ def prepare(
         draft_sampling=_sampling.SamplingParams.make(draft_temperature, *draft_truncation),
         max_new_tokens=jnp.asarray(max_new_tokens, jnp.int32), stop_ids=jnp.asarray(stop_arr),
         ess_threshold=jnp.asarray(ess_threshold, jnp.float32), alpha=jnp.asarray(alpha, jnp.float32))
-    if mesh is None:  # per-layer weight buffers on CPU (LanguageModel.decode_params)
+    if method == "sd-overlap":  # two device groups (smcsd/overlap.py), each placed by the runner
+        from .overlap import _as_meshes
+        mesh = _as_meshes(mesh, (B + 1) // 2, draft)
+        one = [m.devices.size == 1 for m in mesh]  # per-layer buffers on one device, stacked to shard on several
+        draft_params = draft.drafter_params() if one[1] or not isinstance(draft, ARDrafter) else draft.model.params
+        args = (target.decode_params() if one[0] else target.params, draft_params, inputs)
+    elif mesh is None:  # per-layer weight buffers on CPU (LanguageModel.decode_params)
         args = (target.decode_params(), draft.drafter_params() if draft is not None else None, inputs)
-    else:
+    else:  # validate against the batch, put params/inputs on the mesh (smcsd/mesh.py)
         draft_params = None
         if draft is not None:
             draft_params = draft.model.params if isinstance(draft, ARDrafter) else draft.drafter_params()
-        args = (target.params, draft_params, inputs)
-
-    if mesh is not None:  # validate against the batch, put params/inputs on the mesh (smcsd/mesh.py)
         from .mesh import place_args
-        mesh, args = place_args(mesh, spec, target.config, getattr(draft, "config", None), args)
+        mesh, args = place_args(mesh, spec, target.config, getattr(draft, "config", None),
+                                (target.params, draft_params, inputs))
     return Prepared(mdef, target, draft, spec, args, mesh)
 
 

@@ -62,6 +62,10 @@ class MethodDef:
     headroom: Callable  # (num_speculative_tokens, num_particles) -> extra cache/output slots
     exact: bool = True
     uses_particles: bool = False  # num_particles shapes the program (else it is ignored, not compiled in)
+    # A method that is not one program (sd-overlap: a host loop over programs on two device groups): called as
+    # runner(target_cfg, drafter, spec, mesh=mesh), it returns a callable like a compiled program with a
+    # `compile(*args) -> seconds` that compiles ahead of the run.
+    runner: Callable | None = None
 
 
 METHODS: dict[str, MethodDef] = {}
@@ -98,6 +102,11 @@ def compiled_program(method: MethodDef, target_cfg: ModelConfig, drafter, spec: 
     key = (method.name, target_cfg, drafter, spec, layout) + ((mesh,) if mesh is not None else ())
     if key in _COMPILED:
         return _COMPILED[key], 0.0
+    if method.runner is not None:
+        runner = method.runner(target_cfg, drafter, spec, mesh=mesh)
+        elapsed = runner.compile(*args)
+        _COMPILED[key] = runner
+        return runner, elapsed
     fn = method.build(target_cfg, drafter, spec)
     start = time.perf_counter()
     if mesh is not None:

@@ -102,8 +102,14 @@ def start_drafting(target_cfg, drafter, target_params, draft_params, inp: Progra
 
 def _start(target_cfg, drafter, target_params, draft_params, inp: ProgramInputs, spec: StaticSpec, rows: int):
     """Prefill the target and the drafter (`rows` rows per request) and sample the first token per request."""
-    B, K = spec.batch, spec.num_speculative_tokens
     last, tcache, dcache = start_drafting(target_cfg, drafter, target_params, draft_params, inp, spec, rows)
+    return initial_state(inp, spec, last, tcache, dcache, rows)
+
+
+def initial_state(inp: ProgramInputs, spec: StaticSpec, last, tcache, dstate, rows: int = 1) -> _State:
+    """The loop's first state after the prefill: the first token per request sampled from the prefill's last logits
+    `last [B*rows, V]` with `inp.key`, outputs, feeds and zeroed counters."""
+    B, K = spec.batch, spec.num_speculative_tokens
     key, sub = jax.random.split(inp.key)
     tok = sample(sub, process_logits(last[::rows], inp.sampling))  # one first token per request
     out = jnp.full((B, spec.out_len), -1, jnp.int32).at[:, 0].set(tok)
@@ -111,7 +117,7 @@ def _start(target_cfg, drafter, target_params, draft_params, inp: ProgramInputs,
     done = is_stop(tok, inp.stop_ids) | (n >= inp.max_new_tokens)
     feed, feed_count = initial_feed(tok)
     zero = jnp.int32(0)
-    return _State(tcache, dcache, tok, feed, feed_count, out, n, done, key, zero, jnp.zeros((B,), jnp.int32),
+    return _State(tcache, dstate, tok, feed, feed_count, out, n, done, key, zero, jnp.zeros((B,), jnp.int32),
                   zero, zero, jnp.zeros((K,), jnp.int32))
 
 
@@ -156,11 +162,36 @@ def _result(s: _State, K: int, drafter):
                       "num_accepted_tokens": s.accepted, "accepted_per_position": s.per_position}}
 
 
+def verify_chain(target_cfg, target_params, target_cache, tok, x, logq, live, k_accept, k_corr, sampling,
+                 hidden_layers=()):
+    """One `sd` verification: the target's call on [x0, x1..xK] for live rows, the acceptance test on each drafted
+    token and the correction/bonus token. `x [B, K]` was drafted with log q `logq [B, K, V]`.
+
+    Returns (n accepted [B], correction c [B], the verified block [B, K+1], the target cache after the call,
+    the target's hidden states of `hidden_layers` (or None), p [B, K+1, V], q [B, K, V])."""
+    B, K = x.shape
+    block = jnp.concatenate([tok[:, None], x], axis=1)
+    logits, tcache, hidden = verify_call(target_cfg, target_params, block, target_cache,
+                                         jnp.where(live, K + 1, 0), hidden_layers)
+    p = jnp.exp(process_logits(logits, sampling))  # [B, K+1, V]
+    q = jnp.exp(logq)  # [B, K, V]
+    u = jax.random.uniform(k_accept, (B, K))
+    ok = accept_test(u, _take(p[:, :K], x), _take(q, x))
+    n_acc = jnp.sum(jnp.cumprod(ok.astype(jnp.int32), axis=1), axis=1)  # leading accepts
+    # Correction at the first rejected position n: norm(max(0, p_n - q_n)); with n == K the
+    # "q" is 0 and the residual is p_K itself, the bonus distribution.
+    q_pad = jnp.concatenate([q, jnp.zeros_like(q[:, :1])], axis=1)
+    p_n = jnp.take_along_axis(p, n_acc[:, None, None], axis=1)[:, 0]
+    q_n = jnp.take_along_axis(q_pad, n_acc[:, None, None], axis=1)[:, 0]
+    c = _sample_probs(k_corr, residual(p_n, q_n))
+    return n_acc, c, block, tcache, hidden, p, q
+
+
 # ----------------------------------------------------------------------------- sd
 
 def build_sd(target_cfg, drafter, spec: StaticSpec):
     """Speculative decoding with one draft per request (Leviathan et al. 2023; Chen et al. 2023)."""
-    B, K = spec.batch, spec.num_speculative_tokens
+    K = spec.num_speculative_tokens
     drafter = as_drafter(drafter)
 
     def program(target_params, draft_params, inp: ProgramInputs):
@@ -172,20 +203,9 @@ def build_sd(target_cfg, drafter, spec: StaticSpec):
             tlen_before, dlen_before = s.target_cache.lengths, drafter.lengths(s.draft_state)
             prop = drafter.propose(draft_params, s.draft_state, s.feed, s.feed_count, k_draft, inp.draft_sampling, K)
             x = prop.tokens  # [B, K]
-            block = jnp.concatenate([s.tok[:, None], x], axis=1)
-            logits, tcache, hidden = verify_call(target_cfg, target_params, block, s.target_cache,
-                                                 jnp.where(live, K + 1, 0), drafter.hidden_layers)
-            p = jnp.exp(process_logits(logits, inp.sampling))  # [B, K+1, V]
-            q = jnp.exp(prop.logq)  # [B, K, V]
-            u = jax.random.uniform(k_accept, (B, K))
-            ok = accept_test(u, _take(p[:, :K], x), _take(q, x))
-            n_acc = jnp.sum(jnp.cumprod(ok.astype(jnp.int32), axis=1), axis=1)  # leading accepts
-            # Correction at the first rejected position n: norm(max(0, p_n - q_n)); with n == K the
-            # "q" is 0 and the residual is p_K itself, the bonus distribution.
-            q_pad = jnp.concatenate([q, jnp.zeros_like(q[:, :1])], axis=1)
-            p_n = jnp.take_along_axis(p, n_acc[:, None, None], axis=1)[:, 0]
-            q_n = jnp.take_along_axis(q_pad, n_acc[:, None, None], axis=1)[:, 0]
-            c = _sample_probs(k_corr, residual(p_n, q_n))
+            n_acc, c, block, tcache, hidden, p, q = verify_chain(target_cfg, target_params, s.target_cache, s.tok, x,
+                                                                 prop.logq, live, k_accept, k_corr, inp.sampling,
+                                                                 drafter.hidden_layers)
 
             s = s._replace(key=key)
             s, tlen, dlen = _finish_cycle(s, inp, K, n_acc, x, c, tlen_before, dlen_before)
