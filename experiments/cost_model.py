@@ -305,6 +305,52 @@ def overlap_projection(tcfg, dcfg, B: int, K: int, cache_len: int, dev: Device, 
                 beats_sd_same=same < sd_cycle, beats_sd_doubled=doubled < 2 * sd_cycle, tokens_per_cycle=tokens)
 
 
+def flex_cycle_times(cfg, B: int, K: int, group: int, adapter_layers: int, calib_hidden: int, cache_len: int,
+                     dev: Device) -> tuple[float, float]:
+    """(parallel, sequential) seconds of one `flex` cycle (FlexDraft, smcsd/flex.py) for B rows on `dev`, by the
+    roofline of each call (weights read once per call, FLOPs counted per token and layer):
+    parallel: one call over K+1 clean tokens through every layer plus (K+1) mask groups of `group` tokens through the
+    last `adapter_layers` layers, LM head on the K+1 clean rows and on K draft rows (+ the calibration MLP);
+    sequential: a draft call (1 clean token through every layer, one mask group through the last layers, head on
+    1 + K rows + calibration) and a verify call (K clean tokens, head on K rows). Attention is counted on the cache
+    for clean tokens and ignored for masks (they attend to their anchor's context: the same order)."""
+    rf = _rf()
+    L, H, V = cfg.num_hidden_layers, cfg.hidden_size, cfg.vocab_size
+    head = V * H
+    per_layer = (rf.matmul_params(cfg) - head) / L
+    calib = 2 * H * calib_hidden + calib_hidden * V
+    b = _DTYPE_BYTES_CM.get(cfg.dtype, 2)
+    weights = rf.weight_bytes(cfg, B, K + 1) + adapter_layers * 4 * H * H * b + calib * b
+    kv = rf.kv_bytes(cfg, B, cache_len)
+
+    def call(token_layers, head_rows, clean_tokens, calib_rows):
+        flops = 2 * B * (per_layer * token_layers + head * head_rows + calib * calib_rows)
+        flops += 4 * B * clean_tokens * cache_len * cfg.num_attention_heads * cfg.head_dim * L
+        mem, comp = (weights + kv) / dev.bandwidth, flops / dev.flops
+        return (max(mem, comp) if dev.overlap else mem + comp) + call_overhead(cfg, dev) + \
+            B * head_rows * dev.logits_row_s
+
+    parallel = call((K + 1) * L + (K + 1) * group * adapter_layers, (K + 1) + K, K + 1, K)
+    sequential = call(L + group * adapter_layers, 1 + K, 1, K) + call(K * L, K, K, 0)
+    return parallel, sequential
+
+
+_DTYPE_BYTES_CM = {"float32": 4, "bfloat16": 2, "float16": 2}
+
+
+def flex_switch_point(cfg, K: int, group: int, adapter_layers: int, calib_hidden: int, cache_len: int, dev: Device,
+                      max_batch: int = 4096) -> int | None:
+    """Smallest batch at which `flex`'s sequential mode is faster than its parallel mode on `dev` (None: never up to
+    `max_batch`)."""
+    B = 1
+    while B <= max_batch:
+        p, s = flex_cycle_times(cfg, B, K, group, adapter_layers, calib_hidden, cache_len, dev)
+        if s < p:
+            return B
+        B *= 2
+    return None
+
+
 def steady_state(method, tcfg, dcfg, B, N, K, context, dev, stats, prompt_len=None, draft_block=None) -> dict:
     cache_len = context + K + 1
     cycle, tokens, tt, td, bound = cycle_cost(method, tcfg, dcfg, B, N, K, cache_len, dev, stats, prompt_len,

@@ -45,6 +45,8 @@ def main(argv=None) -> int:
     ap.add_argument("--max-new", type=int, default=64)
     ap.add_argument("--seeds", type=int, default=2)
     ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--sd-drafters", nargs="+", default=None,
+                    help="separate drafters for the sd cells (default: the pair's best and dflash-dpace)")
     ap.add_argument("--out", default=None)
     args = ap.parse_args(argv)
 
@@ -97,11 +99,13 @@ def main(argv=None) -> int:
             rows.append(row)
             print(row, flush=True)
     if "speed" in args.parts:
-        dflash = smcsd.load(args.pair, drafter="dflash-dpace", dtype=dtype)[1]
+        names = args.sd_drafters or list(dict.fromkeys([smcsd.available_drafters(args.pair)[0], "dflash-dpace"]))
+        separate = {n: smcsd.load(args.pair, drafter=n, dtype=dtype)[1] for n in names}
+        speed = {}
         for B in args.batch_sizes:
             batch = (prompts * (B // len(prompts) + 1))[:B]
-            cells = [("ar", dict(method="ar")), ("sd K=4 dflash-dpace", dict(method="sd", draft=dflash,
-                                                                               num_speculative_tokens=4)),
+            cells = [("ar", dict(method="ar"))] + [
+                (f"sd K=4 {n}", dict(method="sd", draft=d, num_speculative_tokens=4)) for n, d in separate.items()] + [
                      ("flex parallel K=4", dict(method="flex", draft=flex.with_options(mode="parallel"),
                                                 num_speculative_tokens=4)),
                      ("flex sequential K=4", dict(method="flex", draft=flex.with_options(mode="sequential"),
@@ -120,6 +124,25 @@ def main(argv=None) -> int:
             for label, _ in cells:
                 tps = toks[label] / statistics.median(times[label])
                 rows.append({"part": "speed", "setting": label, "batch": B, "tokens_per_s": tps, "vs_ar": tps / ar})
+                speed[(label, B)] = tps
+                print(rows[-1], flush=True)
+        # Where sequential overtakes parallel: measured here, and by the cost model on accelerators.
+        seq_wins = [B for B in args.batch_sizes
+                    if speed[("flex sequential K=4", B)] > speed[("flex parallel K=4", B)]]
+        rows.append({"part": "switch", "setting": "this CPU (measured)", "batch": min(seq_wins) if seq_wins else None,
+                     "note": "smallest measured batch where sequential beats parallel"
+                             + ("" if seq_wins else f" (none up to {max(args.batch_sizes)})")})
+        import cost_model as cm
+        fc = flex.flex_config
+        configs = {"SmolLM2-135M (bf16)": cm._real_configs()["smollm2-135m+dflash"][0][1],
+                   "Llama-3.1-8B (bf16)": cm._real_configs()["llama3.1-8b+llama3.2-1b"][0][1]}
+        for dev in ("h100", "tpu-v5e"):
+            for name, cfg in configs.items():
+                sw = cm.flex_switch_point(cfg, 4, fc.group_size, fc.adapter_layers, fc.calib_hidden,
+                                          args.prompt_tokens + args.max_new + 5, cm.DEVICES[dev])
+                rows.append({"part": "switch", "setting": f"{dev}, {name} (cost model)", "batch": sw,
+                             "note": "smallest power of two where sequential beats parallel"
+                                     + ("" if sw else " (none up to 4096)")})
                 print(rows[-1], flush=True)
     cols = ["part", "setting", "K / batch", "T", "tokens per call", "± se", "vs first row", "verified per cycle",
             "tok/s", "vs ar"]
@@ -127,8 +150,13 @@ def main(argv=None) -> int:
               report.fmt(r.get("tokens_per_call"), ".3f"), report.fmt(r.get("se"), ".3f"),
               f"{r['vs_first']:+.3f} ± {r['vs_first_se']:.3f}" if "vs_first" in r else "–",
               report.fmt(r.get("verified_per_cycle"), ".2f"), report.fmt(r.get("tokens_per_s"), ".1f"),
-              report.fmt(r.get("vs_ar"), ".2f")] for r in rows]
+              report.fmt(r.get("vs_ar"), ".2f")] for r in rows if r["part"] != "switch"]
     markdown = report.markdown_table(cols, table)
+    switch = [r for r in rows if r["part"] == "switch"]
+    if switch:
+        markdown += "\n\n" + report.markdown_table(["switch point", "batch", "note"],
+                                                    [[r["setting"], report.fmt(r["batch"], "d"), r["note"]]
+                                                     for r in switch])
     print(markdown)
     out = report.new_result(SCHEMA, command=report.command(__file__, argv), pair=args.pair,
                             machine=report.machine_info(), prompts=len(prompts), max_new_tokens=args.max_new,

@@ -24,7 +24,7 @@ FILENAME = "decode_defaults.json"
 
 # (N, K) per method when nothing better is known: sd K=4 and sd-multi N=4 K=4 are exact whatever the drafter;
 # smc's N=4 K=4 is the middle of experiments/choose_defaults.py's grid.
-METHOD_DEFAULTS = {"sd": (1, 4), "sd-multi": (4, 4), "smc": (4, 4), "sd-tree": (1, 4)}
+METHOD_DEFAULTS = {"sd": (1, 4), "sd-multi": (4, 4), "smc": (4, 4), "sd-tree": (1, 4), "sd-overlap": (1, 4)}
 GENERIC_METHOD = "sd"  # with a drafter and no stored choice: exact, and the usual speed-up
 
 

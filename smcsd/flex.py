@@ -14,9 +14,11 @@ Sequential mode (`FlexDrafter.with_options(mode="sequential")`, and "auto" above
 pass — the pending token x_0 (written to the cache; its logits are the target's distribution for d_1) plus one mask
 group on the last committed token, calibrated with x_0 — then a verify pass over d_1..d_K: two smaller calls per
 cycle instead of one with K + 1 groups of masks. Confidence cut (`tau` > 0): only the first L drafts are verified,
-L = #{i : prod_{j<=i} max q_j >= tau} (clamped to [1, K]); `stats.num_draft_tokens` counts the verified ones (the
-call still computes K + 1 positions per row: packing ragged rows into a fixed token budget is not built yet, so the
-cut saves acceptance work and shows how much verification it would save, not compute).
+L = #{i : prod_{j<=i} max q_j >= tau} (clamped to [1, K]); `stats.num_draft_tokens` counts the verified ones. The
+call itself shrinks to the narrowest of the static widths 1, 2, 4, ..., K (`verify_widths`) that holds every live
+row's L: one `lax.switch` branch per width inside the one compiled program, so no shape is data-dependent and nothing
+recompiles. In parallel mode the width cuts both the verified block and the mask groups (w + 1 of them). Rows are
+not packed across each other: a batch pays for its least confident row's L.
 
 Exactness: every draft is drawn from a recorded q that depends only on the past, so the accept/reject step of `sd`
 leaves the output law p_T (tested by enumeration); at T = 0 the tokens are `ar`'s. Only the clean tokens write the
@@ -47,6 +49,28 @@ def confidence_length(dlq, tau: float):
     return jnp.clip(jnp.sum(conf >= jnp.log(tau), axis=1), 1, K).astype(jnp.int32)
 
 
+def verify_widths(K: int) -> tuple[int, ...]:
+    """The static verification widths a cut cycle may use: 1, 2, 4, ... below K, and K. A cycle verifies
+    min{w : w >= max L over live rows} drafts, so one compiled program covers every cut (no recompiles)."""
+    widths, w = [], 1
+    while w < K:
+        widths.append(w)
+        w *= 2
+    return tuple(widths) + (K,)
+
+
+def _width_index(L, live, widths):
+    """Index into `widths` of the narrowest width holding every live row's L (0 when no row is live)."""
+    need = jnp.max(jnp.where(live, L, 0))
+    return jnp.sum(jnp.asarray(widths, jnp.int32) < need).astype(jnp.int32)
+
+
+def _pad_to(x, n, axis=1):
+    pad = [(0, 0)] * x.ndim
+    pad[axis] = (0, n - x.shape[axis])
+    return jnp.pad(x, pad)
+
+
 def _accept(key_u, key_c, p, q, x, L):
     """sd's rejection sampling of drafts `x [B, K]` (q `[B, K, V]`) against p `[B, K+1, V]`, only the first `L[r]`
     drafts tried: (accepted n [B], correction / bonus token [B])."""
@@ -64,6 +88,7 @@ def build_flex(target_cfg, drafter, spec: StaticSpec):
     B, K = spec.batch, spec.num_speculative_tokens
     S = drafter.flex_config.group_size
     mode, tau = drafter.mode_for(B), drafter.tau
+    widths = verify_widths(K)
 
     def next_drafts(key, tp, fp, mask_hidden, bonus, sampling):
         lq = process_logits(draft_logits(target_cfg, tp, fp, mask_hidden[:, :K], bonus), sampling)  # [B, K, V]
@@ -100,19 +125,43 @@ def build_flex(target_cfg, drafter, spec: StaticSpec):
             tlen_before = s.target_cache.lengths
             x, dlq, verified = s.draft_state
             if mode == "parallel":
+                L = confidence_length(dlq, tau)
                 block = jnp.concatenate([s.tok[:, None], x], axis=1)
-                logits, tcache, mh, _ = forward_flex(target_cfg, tp, fp, block, s.target_cache, anchors, S,
-                                                     num_valid=jnp.where(live, K + 1, 0))
+
+                def parallel_call(w):  # verify the first w drafts, drafting from the w + 1 groups after them
+                    def call(cache):
+                        lg, cache, mh, _ = forward_flex(target_cfg, tp, fp, block[:, :w + 1], cache,
+                                                        anchors[:, :w + 1], S, num_valid=jnp.where(live, w + 1, 0))
+                        return _pad_to(lg, K + 1), cache, _pad_to(mh, K + 1)
+                    return call
+
+                if tau:  # the cut: the narrowest width that holds every live row's L, one branch per width
+                    logits, tcache, mh = jax.lax.switch(_width_index(L, live, widths),
+                                                        [parallel_call(w) for w in widths], s.target_cache)
+                else:
+                    logits, tcache, mh = parallel_call(K)(s.target_cache)
             else:  # draft pass: the pending token (written) + one group on the last committed token; verify pass
                 lg0, tcache, mh0, _ = forward_flex(target_cfg, tp, fp, s.tok[:, None], s.target_cache, None, S,
                                                    num_valid=live.astype(jnp.int32),
                                                    anchor_positions=(tlen_before - 1)[:, None])
                 x, dlq = next_drafts(k_draft, tp, fp, mh0[:, 0], s.tok, inp.draft_sampling)
-                lg1, tcache = forward_cached(target_cfg, tp, x, tcache, num_valid=jnp.where(live, K, 0))
+                L = confidence_length(dlq, tau)
+
+                def verify_call(w):  # the verify pass over the first w drafts
+                    def call(cache):
+                        lg, cache = forward_cached(target_cfg, tp, x[:, :w], cache, num_valid=jnp.where(live, w, 0))
+                        return _pad_to(lg, K), cache
+                    return call
+
+                if tau:
+                    lg1, tcache = jax.lax.switch(_width_index(L, live, widths), [verify_call(w) for w in widths],
+                                                 tcache)
+                else:
+                    lg1, tcache = verify_call(K)(tcache)
                 logits = jnp.concatenate([lg0, lg1], axis=1)
                 tcache = tcache.set_lengths(tlen_before)  # _finish_cycle sets the committed length below
+            # Positions past a row's L are padding (their logits unused: at most L drafts are accepted).
             p = jnp.exp(process_logits(logits, inp.sampling))  # [B, K+1, V]
-            L = confidence_length(dlq, tau)
             n_acc, c = _accept(k_accept, k_corr, p, jnp.exp(dlq), x, L)
             s = s._replace(key=key, calls=s.calls + (1 if mode == "sequential" else 0))
             s, tlen, _ = _finish_cycle(s, inp, K, n_acc, x, c, tlen_before, tlen_before)

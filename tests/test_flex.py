@@ -80,6 +80,7 @@ def flex_drafter(target, seed=1):
     (dict(temperature=1.0), {}),
     pytest.param(dict(temperature=1.0), dict(mode="sequential"), marks=pytest.mark.slow),  # draft pass + verify pass
     pytest.param(dict(temperature=0.7, top_k=3), dict(tau=0.3), marks=pytest.mark.slow),  # confidence cut
+    pytest.param(dict(temperature=1.0), dict(tau=0.3, mode="sequential"), marks=pytest.mark.slow),  # cut verify pass
 ])
 def test_flex_is_exact(setting, options):
     target, _ = tiny_pair(V, SEED)
@@ -110,6 +111,8 @@ def test_sequential_mode_and_confidence_cut():
     assert full.stats.num_draft_tokens == 3 * full.stats.num_drafts
     assert cut.stats.num_draft_tokens < 3 * cut.stats.num_drafts
     assert smcsd.decode(prompts, draft=d.with_options(tau=0.5), method="flex", temperature=0.0, **kw).tokens == ref
+    assert smcsd.decode(prompts, draft=d.with_options(tau=0.5, mode="sequential"), method="flex", temperature=0.0,
+                        **kw).tokens == ref
     with pytest.raises(ValueError, match="mode"):
         d.with_options(mode="fast")
     with pytest.raises(ValueError, match="tau"):
@@ -175,3 +178,14 @@ def test_training_raises_acceptance(tmp_path):
     for a, b in zip(jax.tree_util.tree_leaves(before), jax.tree_util.tree_leaves(target.params)):
         np.testing.assert_array_equal(a, np.asarray(b))
     assert FlexDrafter.load(str(tmp_path / "flex")).num_params == trained.num_params
+
+
+def test_verify_widths():
+    """The cut's static widths, and the narrowest one holding every live row's L (dead rows do not count)."""
+    from smcsd.flex import _width_index, verify_widths
+    assert verify_widths(1) == (1,) and verify_widths(4) == (1, 2, 4) and verify_widths(6) == (1, 2, 4, 6)
+    widths = verify_widths(6)
+    live = jnp.array([True, True, False])
+    assert int(_width_index(jnp.array([1, 3, 6]), live, widths)) == 2  # max live L = 3 -> width 4
+    assert int(_width_index(jnp.array([1, 1, 6]), live, widths)) == 0
+    assert int(_width_index(jnp.array([5, 1, 1]), live, widths)) == 3
