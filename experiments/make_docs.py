@@ -98,6 +98,20 @@ OTHER_RESULTS = [
      "experiments/specblock_study.py --pair tiny-code --novp DIR", None),
     ("flex_study_tiny-code.json", "FlexDraft on tiny-code: calibration on/off, confidence cut, and flex parallel / "
      "sequential vs sd and ar by batch size", "experiments/flex_study.py --pair tiny-code", None),
+    ("bench_dels_specblock_smollm2.json", "SmolLM2-135M, batch 1, side by side: sd K=4 with DeLS-Spec (dels) and "
+     "SpecBlock (specblock) against the DFlash drafter (dflash-dpace) and ar", "experiments/bench_smollm2_pair.py "
+     "--drafters dflash-dpace dels specblock --sd-ks 4 --smc --batch-sizes 1 --prompts 4 --repeats 2 "
+     "--max-new-tokens 64 --no-default --out experiments/results/bench_dels_specblock_smollm2.json", None),
+    ("specblock_study_smollm2-135m.json", "SpecBlock on SmolLM2-135M: chain vs DFlash with drafting cost, valid-prefix "
+     "mask on/off, rank-head vs fixed top-k trees, online adaptation on a drifting workload",
+     "experiments/specblock_study.py --pair smollm2-135m --novp DIR --prompts 8 --max-new 64 --drift-new 96", None),
+    ("flex_study_smollm2-135m.json", "FlexDraft on SmolLM2-135M: calibration on/off, confidence cut, and flex parallel / "
+     "sequential vs sd (the best separate drafters) and ar at batch 1, 4, 16; the switch point here and by the cost "
+     "model", "experiments/flex_study.py --pair smollm2-135m --prompts 8 --seeds 2 --max-new 48 --repeats 2 "
+     "--batch-sizes 1 4 16", None),
+    ("overlap_bench.json", "sd-overlap (MineDraft) vs sd on 8 host devices, SmolLM2-135M + ar-distilled, batch 8-64: "
+     "step time, the throughput model, the overlap timeline, projections", "experiments/overlap_bench.py "
+     "--batch-sizes 8 16 32 64 --max-new-tokens 32 --repeats 2", None),
     ("cost_model_8b1b.json", "Projected: Llama-3.1-8B + 3.2-1B on H100 / TPU v5e (prompt 256, output 512)",
      "experiments/cost_model.py --device h100 tpu-v5e --bench experiments/results/quick/bench_speed.json "
      "--acceptance 0.81 --pair llama3.1-8b+llama3.2-1b --batch-sizes 1 --num-particles 4 -K 4 "
