@@ -123,6 +123,33 @@ def test_cost_model_formulas():
     assert bound == "memory" and 4e-3 < t < 6e-3
 
 
+def test_overlap_and_flex_models():
+    """sd-overlap's projection: with the same requests a memory-bound half costs about a whole batch, so it loses to
+    sd; with MineDraft's doubled batch it gains (t_verify + t_draft) / (max + transfer). FlexDraft's sequential mode
+    reads the weights twice per cycle, so at batch 1 the parallel mode wins; a big compute-bound target switches."""
+    (_, l8), (_, l1) = cost_model._real_configs()["llama3.1-8b+llama3.2-1b"]
+    h100 = cost_model.DEVICES["h100"]
+    p = cost_model.overlap_projection(l8, l1, 8, 4, 1024, h100, {"acceptance_sd": 0.8})
+    assert p["overlap_same_speedup"] < 1 < p["overlap_doubled_speedup"]
+    # The doubled setting can at most hide the shorter of the two: (t_v + t_d) / max(t_v, t_d) at halves of B.
+    assert p["overlap_doubled_speedup"] <= (p["t_verify_s"] + p["t_draft_s"]) / max(p["t_verify_s"], p["t_draft_s"])
+    par, seq = cost_model.flex_cycle_times(l8, 1, 4, 8, 4, 256, 1024, h100)
+    assert par < seq
+    assert cost_model.flex_switch_point(l8, 4, 8, 4, 256, 1024, h100) is not None
+
+
+def test_paper_check(tmp_path):
+    import paper_check
+    out = tmp_path / "pc.json"
+    paper_check.main(["--out", str(out)])
+    res = _load(out)
+    fitted = [r for r in res["rows"] if r["model"] != "roofline"]
+    assert [r["method"] for r in fitted] == ["ar", "sd", "smc"]
+    assert fitted[0]["predicted_tokens_per_s"] == pytest.approx(65.0, rel=1e-3)  # the one fitted number
+    assert all(r["error"] is not None for r in res["rows"] if r["model"] == "roofline")
+    assert 0 < res["fitted_bandwidth_efficiency"] <= 1
+
+
 @pytest.mark.slow  # default-run budget (<= 10 min on 2 cores); CI runs it with -m slow
 def test_cost_model_measures_and_predicts(tmp_path):
     """experiments/cost_model.py measures this machine (bandwidth, matmul rate, sampling cost, acceptance), predicts
