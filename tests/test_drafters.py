@@ -265,6 +265,7 @@ class HiddenProbe(ARDrafter):
         return ProbeState(state.cache.gather(index), jnp.take(state.hidden, index, axis=0))
 
 
+@pytest.mark.slow  # default-run budget (the block drafters' exactness tests use the same path in the default run)
 def test_target_hidden_states_reach_observe():
     """SMC with resampling every cycle (tau = 1): after 3 cycles each particle's recorded hidden states equal
     the target's full-sequence hidden states of layers (0, 1) of its own committed tokens — so verification

@@ -80,7 +80,7 @@ def _smc(target, draft, shared, **kw):
                             return_particles=True, eos_id=[], **kw)
 
 
-@pytest.mark.parametrize("kind", ["ar", "block"])
+@pytest.mark.parametrize("kind", ["ar", pytest.param("block", marks=pytest.mark.slow)])  # default-run budget
 def test_smc_particles_do_not_depend_on_prefix_sharing(kind):
     """Same seed, same particles and weights with the prompt shared or copied per particle (always-resample, so
     every cycle gathers rows), for an AR drafter and a block drafter (whose context cache shares the prompt too)."""
