@@ -14,7 +14,8 @@ nbformat = pytest.importorskip("nbformat")
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 NB_DIR = os.path.join(ROOT, "notebooks")
 NOTEBOOKS = sorted(glob.glob(os.path.join(NB_DIR, "*.ipynb")))
-EXPECTED = {"quickstart.ipynb", "speed_vs_accuracy.ipynb", "your_checkpoint.ipynb"}
+EXPECTED = {"quickstart.ipynb", "speed_vs_accuracy.ipynb", "your_checkpoint.ipynb", "real_model.ipynb",
+            "train_drafter.ipynb"}
 CELL_TIMEOUT_S = 1800  # per cell: generous, a shared CPU compiles slowly
 
 
@@ -83,6 +84,12 @@ def test_notebook_runs(path, monkeypatch):
         assert _images(nb) == 2  # Pareto plot, TV vs N
     elif name == "your_checkpoint.ipynb":
         assert "NOTE: the checkpoint folders were not found" in text
+    elif name == "real_model.ipynb":  # SmolLM2 when the registry (or the cache) has it, else tiny-code, said so
+        assert "smollm2-135m" in text or "falling back to the shipped tiny-code pair" in text
+        assert "smc N=2 K=4, ar-distilled" in text and _images(nb) == 1
+    elif name == "train_drafter.ipynb":
+        assert "mean acceptance length" in text and text.count("mean acceptance length") == 3
+        assert _images(nb) == 1  # training curves
 
 
 @pytest.mark.slow
