@@ -121,8 +121,25 @@ def test_errors():
         decode(prompts, **args, mesh="two groups")
     with pytest.raises(ValueError, match="needs a draft"):
         decode(prompts, **{**args, "draft": None})
+    from smcsd.drafters.specblock import SpecBlockDrafter
+    target = args["target"]
+    adaptive = SpecBlockDrafter.create(target, num_layers=1, block_size=3, seed=0).adaptive()
+    with pytest.raises(ValueError, match="learns online"):
+        decode(prompts, **{**args, "draft": adaptive})
+    with pytest.raises(ValueError, match="data axis"):  # a 2-row half cannot be split over a 3-wide data axis
+        from smcsd.overlap import _as_meshes
+        _as_meshes(OverlapMeshes(smcsd.make_mesh(1, 1), smcsd.make_mesh(1, 1))._replace(
+            target=_fake_mesh(3)), 2)
     one = split_devices()
     assert isinstance(one, OverlapMeshes) and one.target.devices.size == 1  # this process sees one device
+
+
+def _fake_mesh(data):
+    """A ("data", "model") mesh with `data` entries (the one device repeated is enough for the shape checks)."""
+    import jax
+    from jax.sharding import AxisType, Mesh
+    return Mesh(np.array([jax.devices()[0]] * data).reshape(data, 1), ("data", "model"),
+                axis_types=(AxisType.Auto, AxisType.Auto))
 
 
 def test_overlap_in_available_methods():
