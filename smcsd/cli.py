@@ -4,6 +4,7 @@ methods' speed, `eval` arithmetic accuracy.
     smcsd generate "def fibonacci(n):" --method smc --num-particles 8
     smcsd fetch smollm2-135m && smcsd chat "What is the capital of France?"
     smcsd bench --methods ar sd smc --batch-sizes 1 4 --out bench.json
+    smcsd bench --config experiments/bench_matrix.toml          # methods x drafters x N, K x batch, per pair
     smcsd eval --method smc --limit 100
 
 `bench` and `eval` run `experiments/bench_speed.py` and `experiments/eval_arith.py` of the source
@@ -496,7 +497,10 @@ def _as_subcommand(name: str):
 
 
 def run_experiment(name: str, argv: list[str]) -> int:
-    module = load_experiment(EXPERIMENTS[name])
+    if name == "bench" and any(a == "--config" or a.startswith("--config=") for a in argv):
+        module = load_experiment("bench_matrix.py")  # the method x drafter matrix from a config file
+    else:
+        module = load_experiment(EXPERIMENTS[name])
     asks_help = any(a in ("-h", "--help") for a in argv)
     if name == "eval" and not asks_help and not any(a.startswith("--pair-dir") for a in argv):
         import smcsd

@@ -293,3 +293,65 @@ def test_tree_bench_quick(tmp_path):
         assert all(v > 0 for v in r["projected_tokens_per_s"].values())
         if r["family"] == "chain":
             assert r["budget"] == r["K"] + 1
+
+
+# ----------------------------------------------------------------------------- the benchmark matrix
+
+def test_bench_matrix_cells_and_config_errors(tmp_path):
+    """Expansion: ar once per batch size, flex only with its adapters, the other methods per drafter x K (x N), and
+    every cell that cannot run skipped with its reason; config errors are one clear SystemExit."""
+    import bench_matrix
+    import smcsd
+    from smcsd.drafters import PromptLookup
+
+    target = smcsd.load("tiny-code", drafter="prompt-lookup")[0]
+    drafters = {"ar-distilled": smcsd.drafters.as_drafter(smcsd.load("tiny-code", drafter="ar-distilled")[1]),
+                "prompt-lookup": PromptLookup().bind(target), "nope": None,
+                "strict": PromptLookup(floor=0.0).bind(target)}
+    suite = dict(bench_matrix.SUITE_DEFAULTS, pair="tiny-code", methods=["ar", "sd", "sd-tree", "smc", "flex"],
+                 drafters=["ar-distilled", "prompt-lookup", "nope", "strict"], ks=[4], ns=[2, 4], batch_sizes=[1, 8])
+    cells, skipped = bench_matrix.expand(suite, drafters)
+    labels = {(c["batch"], bench_matrix.label(c)) for c in cells}
+    assert (1, "ar") in labels and (8, "ar") in labels
+    assert (1, "sd-tree ar-distilled K=4") in labels and (1, "sd-tree prompt-lookup K=4") not in labels
+    assert (1, "smc ar-distilled N=2 K=4") in labels and (1, "smc ar-distilled N=4 K=4") in labels
+    assert (1, "smc strict N=2 K=4") not in labels  # a lookup without a floor does not cover the vocabulary
+    reasons = {(s["method"], s["drafter"]): s["reason"] for s in skipped}
+    assert "ships no drafter" in reasons[("sd", "nope")]
+    assert "chains only" in reasons[("sd-tree", "prompt-lookup")]
+    assert "positive probability" in reasons[("smc", "strict")]
+    assert ("flex", "flex") in reasons  # tiny-code's flex adapters were not loaded into `drafters` here
+    assert len(skipped) == len({(s["method"], s["drafter"], s.get("K")) for s in skipped})  # once, not per batch
+    bad = tmp_path / "bad.toml"
+    bad.write_text('[[suites]]\npair = "tiny-code"\nmethods = ["warp"]\n')
+    with pytest.raises(SystemExit, match="unknown methods"):
+        bench_matrix.load_config(str(bad))
+    bad.write_text('[[suites]]\npair = "nowhere"\n')
+    with pytest.raises(SystemExit, match="pair must be one of"):
+        bench_matrix.load_config(str(bad))
+    front = bench_matrix.pareto([(1.0, 1.0), (2.0, 0.5), (0.5, 0.5), (2.0, 1.0)])
+    assert front == {3}
+    mean, lo, hi = bench_matrix.bootstrap_ci([0.0, 1.0] * 50)
+    assert mean == pytest.approx(0.5) and lo < 0.5 < hi and hi - lo < 0.25  # SE 0.05: a ~0.2-wide interval
+
+
+@pytest.mark.slow  # compiles several tiny-code programs
+def test_bench_matrix_runs_from_the_cli(tmp_path):
+    from smcsd.cli import main as cli_main
+    cfg = tmp_path / "m.toml"
+    out = tmp_path / "m.json"
+    cfg.write_text(f'out = "{out}"\nrepeats = 1\n[[suites]]\npair = "tiny-code"\n'
+                   'methods = ["ar", "sd", "smc", "flex"]\ndrafters = ["ar-distilled", "prompt-lookup"]\n'
+                   'ks = [2]\nns = [2]\nbatch_sizes = [1]\nmax_new_tokens = 8\nprompts = 2\n')
+    assert cli_main(["bench", "--config", str(cfg), "--no-progress"]) == 0
+    res = _load(out)
+    cells = res["suites"][0]["cells"]
+    assert {c["label"] for c in cells} == {"ar", "sd ar-distilled K=2", "sd prompt-lookup K=2",
+                                          "smc ar-distilled N=2 K=2", "smc prompt-lookup N=2 K=2", "flex K=2"}
+    ar = next(c for c in cells if c["method"] == "ar")
+    assert ar["speedup_vs_ar"] == pytest.approx(1.0) and ar["quality_n"] == 2
+    for c in cells:
+        lo, hi = c["quality_ci95"]
+        assert lo <= c["quality_mean"] <= hi
+    assert all(os.path.isfile(p) for p in res["suites"][0]["plots"].values())
+    assert "pareto_b1" in res["suites"][0]["plots"]
