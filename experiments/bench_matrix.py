@@ -460,7 +460,8 @@ def main(argv=None) -> int:
         results.append(res)
         print(markdown([res]), flush=True)
     md = markdown(results)
-    result = report.new_result(SCHEMA, machine=report.machine_info(), config=os.path.relpath(args.config, REPO)
+    plots = [os.path.relpath(p, REPO) for res in results for p in res["plots"].values()]
+    result = report.new_result(SCHEMA, machine=report.machine_info(), plots=plots, config=os.path.relpath(args.config, REPO)
                                if os.path.isabs(args.config) else args.config, repeats=repeats, suites=results,
                                markdown=md, wall_s=round(time.time() - t0, 1), command=report.command(__file__, argv))
     print("wrote", report.write_json(out, report.json_safe(result), indent=1))

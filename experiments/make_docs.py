@@ -332,6 +332,8 @@ def write_page(path: str, *, mode: str, command: str, code: dict | None, code_js
         figure = _figure(obj, rel)
         if figure:
             out += [f"![{title}]({os.path.relpath(figure, DOCS)})", ""]
+        for extra in _figures(obj):
+            out += [f"![{os.path.splitext(os.path.basename(extra))[0]}]({os.path.relpath(extra, DOCS)})", ""]
         out += [render_generic(obj, columns), ""]
     missing = [f"`{script}`" for _, _, script, _ in OTHER_RESULTS if not any(o[1] == script for o in others)]
     if missing:
@@ -359,6 +361,22 @@ def _figure(obj, rel_json: str) -> str | None:
     if os.path.abspath(src) != os.path.abspath(dst):
         shutil.copyfile(src, dst)
     return dst
+
+
+def _figures(obj) -> list[str]:
+    """A result's list of plots (its JSON's `plots`: paths), each copied into docs/figures/ under its own name."""
+    paths = obj.get("plots") if isinstance(obj, dict) else None
+    out = []
+    for src in paths if isinstance(paths, list) else []:
+        src = src if os.path.isabs(src) else os.path.join(REPO, src)
+        if not os.path.isfile(src):
+            continue
+        os.makedirs(FIGURES, exist_ok=True)
+        dst = os.path.join(FIGURES, os.path.basename(src))
+        if os.path.abspath(src) != os.path.abspath(dst):
+            shutil.copyfile(src, dst)
+        out.append(dst)
+    return out
 
 
 def _load(path):
