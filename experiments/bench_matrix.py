@@ -452,11 +452,11 @@ def main(argv=None) -> int:
     stem = os.path.splitext(out)[0]
     t0 = time.time()
     results = []
-    for suite in cfg["suites"]:
+    for i, suite in enumerate(cfg["suites"]):
         if args.only and suite["pair"] not in args.only:
             continue
         res = run_suite(suite, repeats, progress=not args.no_progress)
-        res["plots"] = plot_suite(res, stem)
+        res["plots"] = plot_suite(res, f"{stem}_{i + 1}")  # suites may share a pair: numbered
         results.append(res)
         print(markdown([res]), flush=True)
     md = markdown(results)
