@@ -355,3 +355,21 @@ def test_bench_matrix_runs_from_the_cli(tmp_path):
         assert lo <= c["quality_mean"] <= hi
     assert all(os.path.isfile(p) for p in res["suites"][0]["plots"].values())
     assert "pareto_b1" in res["suites"][0]["plots"]
+
+
+@pytest.mark.slow  # two tiny-code compiles
+def test_demo_falls_back_and_prints_the_speedup(capsys, monkeypatch):
+    """The README's main job: with the registry unreachable it says so and decodes the shipped tiny-code pair, the same
+    prompts by ar and by decode's default, and prints the measured speed-up."""
+    import demo
+    import smcsd
+
+    def offline(name, **kw):
+        raise RuntimeError("registry unreachable (test)")
+
+    monkeypatch.setattr(smcsd, "fetch", offline)
+    demo.main(["--max-new-tokens", "8"])
+    out = capsys.readouterr().out
+    assert "NOTE: could not fetch smollm2-135m" in out and "falling back to the shipped tiny-code pair" in out
+    assert out.count("prompt: ") == len(demo.CODE) and "--- ar:" in out
+    assert "speed-up of " in out and " over ar on this machine: " in out
