@@ -111,7 +111,7 @@ OTHER_RESULTS = [
      "--batch-sizes 1 4 16", None),
     ("overlap_bench.json", "sd-overlap (MineDraft) vs sd on 8 host devices, SmolLM2-135M + ar-distilled, batch 8-64: "
      "step time, the throughput model, the overlap timeline, projections", "experiments/overlap_bench.py "
-     "--batch-sizes 8 16 32 64 --max-new-tokens 32 --repeats 2", None),
+     "--batch-sizes 8 16 32 64 --max-new-tokens 16 --repeats 1", None),
     ("paper_check.json", "The cost model against the SMC-SD paper: Llama-3.1-70B + 3.2-1B on 4×H100, batch 1 (AR 65.0, "
      "SD 140.8, SMC-SD 342.0 tokens/s), pure roofline and with the bandwidth fitted on AR", "experiments/paper_check.py",
      None),
