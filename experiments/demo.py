@@ -3,11 +3,12 @@ prompts decoded by `ar` and by `decode`'s default for this backend, side by side
 
     python experiments/demo.py                        # SmolLM2 (falls back to tiny-code, saying so, when offline)
     python experiments/demo.py --model tiny-code      # the shipped toy pair
-    python experiments/demo.py --method sd --temperature 0
+    python experiments/demo.py --method smc --temperature 0.7
 
 Each method runs once to compile and once timed (the steady state). The default is the pair's measured choice for
 this backend and drafter (smcsd/defaults.py): the fastest setting within quality tolerance of `ar` — `ar` itself
-where no shipped drafter pays for itself, as for SmolLM2 on a 2-core CPU.
+where no shipped drafter pays for itself, as for SmolLM2 on a 2-core CPU; then the comparison shows `sd` with the
+pair's drafter instead (and says so), since ar against ar says nothing.
 """
 
 import argparse
@@ -38,7 +39,7 @@ def main(argv=None):
                     help="compare ar with this method (default: decode's default for the pair and backend)")
     ap.add_argument("--model", default="smollm2-135m", choices=smcsd.available_models())
     ap.add_argument("--max-new-tokens", type=int, default=64)
-    ap.add_argument("--temperature", type=float, default=0.7)
+    ap.add_argument("--temperature", type=float, default=0.0, help="default 0: greedy (exact methods give ar's text)")
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args(argv)
     model = pick_model(args.model)
@@ -52,28 +53,37 @@ def main(argv=None):
     else:
         shown = CODE if model == "tiny-code" else ARITH
         kw["prompt"] = shown
+    from smcsd.defaults import choose
+    from smcsd.drafters import as_drafter
+    other = {} if args.method is None else {"method": args.method}
+    default_is_ar = args.method is None and choose(target, as_drafter(draft), None).method == "ar"
+    if default_is_ar:  # ar vs ar says nothing: show the pair's exact speculative method next to it instead
+        other = {"method": "sd", "num_speculative_tokens": 4}
     runs = {}
-    for label, extra in (("ar", {"method": "ar"}), ("default", {} if args.method is None else {"method": args.method})):
+    for label, extra in (("ar", {"method": "ar"}), ("other", other)):
         for attempt in range(2):  # the second call reuses the compiled program: its speed is the steady state
             res = smcsd.decode(**kw, **extra)
         runs[label] = res
-    chosen = runs["default"].stats.method
+    chosen = runs["other"].stats.method
+    name = chosen + (" (decode's default)" if args.method is None and not default_is_ar else
+                     " K=4 with the pair's drafter" if default_is_ar else "")
     for i, p in enumerate(shown):
         print("=" * 72)
         print(f"prompt: {p}")
-        for label, res in runs.items():
-            name = "ar" if label == "ar" else f"{chosen} ({'default' if args.method is None else 'chosen'})"
-            print(f"--- {name}:")
-            print(res.texts[i].strip())
+        a, b = runs["ar"].texts[i].strip(), runs["other"].texts[i].strip()
+        print(f"--- ar:\n{a}")
+        print(f"--- {name}:\n" + ("(the same text: an exact method at temperature 0 reproduces ar's tokens)"
+                                  if a == b and args.temperature == 0 else b))
     print("=" * 72)
     for label, res in runs.items():
-        print(f"{label:>8}: {res.stats.summary()}")
-    ar_tps, tps = runs["ar"].stats.tokens_per_s, runs["default"].stats.tokens_per_s
-    print(f"\nspeed-up of {chosen} over ar on this machine: {tps / ar_tps:.2f}x "
+        print(f"{'ar' if label == 'ar' else chosen:>8}: {res.stats.summary()}")
+    ar_tps, tps = runs["ar"].stats.tokens_per_s, runs["other"].stats.tokens_per_s
+    print(f"\nspeed-up of {name} over ar on this machine: {tps / ar_tps:.2f}x "
           f"({tps:.1f} vs {ar_tps:.1f} tokens/s, batch {len(shown)})")
-    if args.method is None and chosen == "ar":
-        print("(decode's measured default here is ar itself: none of the pair's drafters pays for itself on this "
-              "backend; see docs/benchmarks.md and the accelerator projections there)")
+    if default_is_ar:
+        print("decode's measured default on this backend is ar itself (none of the pair's drafters pays for itself "
+              "here, so leaving the method out runs ar); docs/benchmarks.md has every method and drafter measured, "
+              "and the accelerator projections.")
 
 
 if __name__ == "__main__":

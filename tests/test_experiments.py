@@ -371,5 +371,5 @@ def test_demo_falls_back_and_prints_the_speedup(capsys, monkeypatch):
     demo.main(["--max-new-tokens", "8"])
     out = capsys.readouterr().out
     assert "NOTE: could not fetch smollm2-135m" in out and "falling back to the shipped tiny-code pair" in out
-    assert out.count("prompt: ") == len(demo.CODE) and "--- ar:" in out
+    assert out.count("prompt: ") == len(demo.CODE) and "--- ar:" in out and "same text" in out
     assert "speed-up of " in out and " over ar on this machine: " in out
