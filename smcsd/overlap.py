@@ -297,7 +297,6 @@ class OverlapRunner:
         self.programs = dict(zip(("target_start", "drafter_start", "verify", "drafter_step"),
                                  (_Program(fns[0], t), _Program(fns[1], d), _Program(fns[2], t), _Program(fns[3], d))))
         self.sequential, self.trace = sequential, trace
-        self.compiled = False
         self.last_timeline: list | None = None
 
     # -------------------------------------------------------------- inputs
