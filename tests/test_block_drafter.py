@@ -113,6 +113,7 @@ def test_block_drafter_is_exact(method, setting):
     assert p > P_MIN, (method, p, total_variation(counts, probs))
 
 
+@pytest.mark.slow  # default-run budget (the block drafter's sd exactness stays in the default run)
 def test_block_drafter_smc_matches_finite_n_law():
     """One SMC cycle (K = 1) with the block drafter as the proposal: the output follows the SIR law L_4 computed
     from the enumerated p_T and the reference q of the drafter (chi-square at N = 4, where L_4 is far from p_T)."""

@@ -147,6 +147,7 @@ def test_greedy_matches_ar(byte_pair, num_speculative_tokens):
             assert 0.0 < res.stats.acceptance_rate < 1.0, (method, draft_temperature, res.stats.acceptance_rate)
 
 
+@pytest.mark.slow  # default-run budget (test_eos_and_max_new_tokens covers EOS in the default run)
 def test_greedy_eos_matches_ar(byte_pair):
     """With a stop token, greedy outputs still equal ar's, cut at (and including) the first stop."""
     target, draft = byte_pair
