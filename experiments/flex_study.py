@@ -8,7 +8,10 @@
 2. confidence cut: tau in --taus: drafts verified per cycle (stats.num_draft_tokens / num_drafts), tokens per call;
 3. speed: tokens/s of `flex` parallel and sequential, `sd` with the pair's dflash-dpace drafter and `ar`, at each
    batch size (interleaved rounds, compile excluded, median of --repeats), which locates the parallel/sequential
-   switch point on this machine.
+   switch point on this machine;
+4. pack (`--parts pack`): the sequential mode at the largest batch size, K = 8, T = 0.7, with the cut `--pack-tau`
+   and each verify call's token budget in --budgets (0: unpacked, the width switch) — tokens/s against `ar`,
+   tokens per call and drafts verified per cycle, interleaved rounds.
 Prompts: held-out code (tiny-code) or chat requests (SmolLM2). JSON: --out (default
 experiments/results/flex_study_<pair>.json).
 """
@@ -45,6 +48,9 @@ def main(argv=None) -> int:
     ap.add_argument("--max-new", type=int, default=64)
     ap.add_argument("--seeds", type=int, default=2)
     ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--budgets", type=int, nargs="+", default=[0, 64, 32, 16],
+                    help="pack part: verify tokens per call across the batch (0: unpacked)")
+    ap.add_argument("--pack-tau", type=float, default=0.1, help="pack part: the confidence cut")
     ap.add_argument("--sd-drafters", nargs="+", default=None,
                     help="separate drafters for the sd cells (default: the pair's best and dflash-dpace)")
     ap.add_argument("--out", default=None)
@@ -150,6 +156,38 @@ def main(argv=None) -> int:
                              "note": "smallest power of two where sequential beats parallel"
                                      + ("" if sw else " (none up to 4096)")})
                 print(rows[-1], flush=True)
+    if "pack" in args.parts:
+        B, K = max(args.batch_sizes), min(8, flex.flex_config.group_size)
+        batch = (prompts * (B // len(prompts) + 1))[:B]
+        seq = flex.with_options(mode="sequential", tau=args.pack_tau)
+        cells = [("ar", dict(method="ar"))] + [
+            (f"budget={b or 'none'}", dict(method="flex", num_speculative_tokens=K,
+                                            draft=seq.with_options(token_budget=b or None))) for b in args.budgets]
+        kw = dict(target=target, temperature=0.7, max_new_tokens=args.max_new)
+        for _, c in cells:  # compile outside the timing
+            smcsd.decode(batch, seed=0, **kw, **c)
+        times = {label: [] for label, _ in cells}
+        stats = {label: [] for label, _ in cells}
+        for rnd, (label, c) in report.round_robin(cells, args.repeats):
+            t = time.perf_counter()
+            r = smcsd.decode(batch, seed=rnd + 1, **kw, **c)
+            times[label].append(time.perf_counter() - t)
+            stats[label].append(r)
+        def rate(label):
+            return [sum(len(x) for x in r.tokens) / t for r, t in zip(stats[label], times[label])]
+        ar = statistics.median(rate("ar"))
+        for label, _ in cells[1:]:
+            rs = stats[label]
+            tps = statistics.median(rate(label))
+            rows.append({"part": "pack", "setting": f"{label}, tau={args.pack_tau:g}", "batch": B, "temperature": 0.7,
+                         "tokens_per_s": tps, "vs_ar": tps / ar,
+                         # per request and cycle (the sequential mode's cycle is two calls): 1 + accepted drafts
+                         "tokens_per_call": 1 + sum(r.stats.num_accepted_tokens for r in rs)
+                         / max(1, sum(r.stats.num_drafts for r in rs)),
+                         "verified_per_cycle": sum(r.stats.num_draft_tokens for r in rs)
+                         / max(1, sum(r.stats.num_drafts for r in rs))})
+            print(rows[-1], flush=True)
+        rows.append({"part": "pack", "setting": "ar", "batch": B, "tokens_per_s": ar, "vs_ar": 1.0})
     cols = ["part", "setting", "K / batch", "T", "tokens per call", "± se", "vs first row", "verified per cycle",
             "tok/s", "vs ar"]
     table = [[r["part"], r["setting"], r.get("K", r.get("batch")), r.get("temperature", "–"),

@@ -22,17 +22,18 @@ def _module(config: ModelConfig) -> Transformer:
     return Transformer(config)
 
 
-def _apply(config: ModelConfig, params, tokens, positions, kv, hidden_layers, logit_index=None, inputs=None):
+def _apply(config: ModelConfig, params, tokens, positions, kv, hidden_layers, logit_index=None, inputs=None,
+           pack=None):
     """The model's forward for either params layout (stacked for nn.scan, or per-layer: `unstack_layers`)."""
     if layers_unstacked(params):
         return apply_unrolled(config, params, tokens, positions, kv, hidden_layers=tuple(hidden_layers),
-                              logit_index=logit_index, inputs=inputs)
+                              logit_index=logit_index, inputs=inputs, pack=pack)
     return _module(config).apply({"params": params}, tokens, positions, kv, hidden_layers=tuple(hidden_layers),
-                                 logit_index=logit_index, inputs=inputs)
+                                 logit_index=logit_index, inputs=inputs, pack=pack)
 
 
 def forward_cached(config: ModelConfig, params, tokens, cache: KVCache, num_valid=None,
-                   hidden_layers: Sequence[int] = (), logit_index=None, inputs=None):
+                   hidden_layers: Sequence[int] = (), logit_index=None, inputs=None, pack=None):
     """Write `tokens [B, T]` at each row's cache length, attend causally to everything before.
 
     Returns `(logits float32[B, T, V], cache')` — plus hidden states `[len(hidden_layers), B, T, D]`
@@ -40,14 +41,28 @@ def forward_cached(config: ModelConfig, params, tokens, cache: KVCache, num_vali
     those positions of each row (`[B, n, V]`), e.g. a prefill's last prompt token. Each row's length advances by T, or by `num_valid[B]` for
     ragged (right-padded) input: entries written past a row's new length are stale and masked. `inputs`: a
     `models.transformer.InputEdits` (mask-token positions, added features) applied to the input embeddings.
+
+    `pack int32[P]` (ragged rows in a fixed token budget): only the tokens at flat indices `b * T + t` go through
+    the per-token work — embeddings, projections, MLPs, norms, LM head, i.e. nearly all of a call's FLOPs — as one
+    row of P tokens (entries >= B * T are padding); attention still runs on the `[B, T]` layout. Each row's packed
+    tokens must be its first ones (a prefix: a token left out carries zero k/v, which only tokens after it could
+    see), and `num_valid` should not count past them. Outputs come back as `[B, T, ...]`, zeros where nothing was
+    packed; the packed positions equal the unpacked forward's.
     """
     T = tokens.shape[1]
     if T > cache.max_len:
         raise ValueError(f"cannot write {T} tokens into a cache of max_len {cache.max_len}; "
                          f"allocate a larger cache (init_cache(batch, max_len=...))")
+    if pack is not None:
+        pack = jnp.asarray(pack, jnp.int32)
+        if pack.ndim != 1:
+            raise ValueError(f"pack must be int32[P] flat token indices, got shape {pack.shape}")
+        if logit_index is not None:
+            raise ValueError("pack and logit_index cannot be combined: a packed forward computes the logits of "
+                             "the packed tokens only")
     positions = cache.lengths[:, None] + jnp.arange(T, dtype=jnp.int32)[None, :]
     kv = (cache.k, cache.v) if cache.prefix is None else (cache.k, cache.v, cache.prefix)
-    logits, kv, hidden = _apply(config, params, tokens, positions, kv, hidden_layers, logit_index, inputs)
+    logits, kv, hidden = _apply(config, params, tokens, positions, kv, hidden_layers, logit_index, inputs, pack)
     advance = T if num_valid is None else jnp.asarray(num_valid, jnp.int32)
     new_cache = _sharding.constrain_cache(cache.replace(k=kv[0], v=kv[1], lengths=cache.lengths + advance))
     if hidden_layers:

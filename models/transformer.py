@@ -25,6 +25,19 @@ from .rope import apply_rope, inverse_frequencies, rope_tables
 _NEG = -1e30
 
 
+def pack_rows(x, pack):
+    """`x [B, T, F]` -> `[1, P, F]`: the tokens at flat indices `pack int32[P]` (b * T + t; entries >= B * T are
+    padding and read token 0 — their results are dropped by `unpack_rows`)."""
+    B, T = x.shape[:2]
+    return jnp.take(x.reshape((B * T,) + x.shape[2:]), pack, axis=0, mode="clip")[None]
+
+
+def unpack_rows(y, pack, B: int, T: int):
+    """The inverse of `pack_rows` for `y [1, P, F]`: `[B, T, F]`, zeros where no packed token lands."""
+    out = jnp.zeros((B * T,) + y.shape[2:], y.dtype).at[pack].set(y[0], mode="drop")
+    return out.reshape((B, T) + y.shape[2:])
+
+
 class RMSNorm(nn.Module):
     """Root-mean-square norm (Zhang & Sennrich 2019), computed in float32 and cast back."""
 
@@ -126,19 +139,21 @@ class Attention(nn.Module):
     """Grouped-query attention; `kv` is `(k_all, v_all, layer, prefix, tree)`, the whole cache `[L, B, S, Hkv, D]`
     (or per-layer heads-major buffers), this layer's index, the cache's shared prefix (a `PrefixKV` or None) and
     a `TreeAttention` (or None: token t at position p is written at p and attends to slots <= p), or None for the
-    cache-free path."""
+    cache-free path. With `pack` (`forward_cached(..., pack=)`), `x` is `[1, P, H]`: the projections run on the P
+    packed tokens, attention on the `[B, T]` layout `positions` has (tokens left out carry zero q/k/v)."""
 
     config: ModelConfig
     init_std: float
 
     @nn.compact
-    def __call__(self, x, cos, sin, positions, key_mask, kv):
+    def __call__(self, x, cos, sin, positions, key_mask, kv, pack=None):
         c, dt = self.config, self.config.jnp_dtype
         hq, hk, hd = c.num_attention_heads, c.num_key_value_heads, c.head_dim
-        B, T, _ = x.shape
-        q = _dense(hq * hd, "q_proj", dt, self.init_std, c.attention_bias)(x).reshape(B, T, hq, hd)
-        k = _dense(hk * hd, "k_proj", dt, self.init_std, c.attention_bias)(x).reshape(B, T, hk, hd)
-        v = _dense(hk * hd, "v_proj", dt, self.init_std, c.attention_bias)(x).reshape(B, T, hk, hd)
+        B, T = positions.shape
+        spread = (lambda y: y) if pack is None else (lambda y: unpack_rows(y, pack, B, T))
+        q = spread(_dense(hq * hd, "q_proj", dt, self.init_std, c.attention_bias)(x)).reshape(B, T, hq, hd)
+        k = spread(_dense(hk * hd, "k_proj", dt, self.init_std, c.attention_bias)(x)).reshape(B, T, hk, hd)
+        v = spread(_dense(hk * hd, "v_proj", dt, self.init_std, c.attention_bias)(x)).reshape(B, T, hk, hd)
         if c.qk_norm:
             q = RMSNorm(c.rms_norm_eps, dt, name="q_norm")(q)
             k = RMSNorm(c.rms_norm_eps, dt, name="k_norm")(k)
@@ -183,7 +198,8 @@ class Attention(nn.Module):
             pk, pv = prefix.k[layer], prefix.v[layer]
             pmask = jnp.arange(prefix.width)[None, :] < prefix.lengths[:, None]
             parts.insert(0, Part(pk, pv, pmask, prefix.group, heads_major))
-        out = _dense(c.hidden_size, "o_proj", dt, self.init_std)(attend(q, parts, dt))
+        att = attend(q, parts, dt)
+        out = _dense(c.hidden_size, "o_proj", dt, self.init_std)(att if pack is None else pack_rows(att, pack))
         return out, (k_all, v_all)
 
 
@@ -209,12 +225,12 @@ class DecoderLayer(nn.Module):
     keep_hidden: bool
 
     @nn.compact
-    def __call__(self, carry, layer, cos, sin, positions, key_mask, prefix=None, tree=None):
+    def __call__(self, carry, layer, cos, sin, positions, key_mask, prefix=None, tree=None, pack=None):
         x, k_all, v_all = carry
         c, dt = self.config, self.config.jnp_dtype
         kv = None if k_all is None else (k_all, v_all, layer, prefix, tree)
         h = RMSNorm(c.rms_norm_eps, dt, name="input_layernorm")(x)
-        h, kv = Attention(c, self.init_std, name="self_attn")(h, cos, sin, positions, key_mask, kv)
+        h, kv = Attention(c, self.init_std, name="self_attn")(h, cos, sin, positions, key_mask, kv, pack)
         x = x + h
         x = x + MLP(c, self.init_std, name="mlp")(RMSNorm(c.rms_norm_eps, dt, name="post_attention_layernorm")(x))
         if kv is not None:
@@ -230,21 +246,23 @@ class Transformer(nn.Module):
 
     @nn.compact
     def __call__(self, tokens, positions, kv=None, key_mask=None, hidden_layers: Sequence[int] = (),
-                 logit_index=None, inputs=None):
+                 logit_index=None, inputs=None, pack=None):
         c, dt = self.config, self.config.jnp_dtype
         embed = nn.Embed(c.vocab_size, c.hidden_size, dtype=dt, param_dtype=dt, name="embed_tokens",
                          embedding_init=nn.initializers.normal(self.init_std))
         x = edit_inputs(embed(tokens), inputs)
+        if pack is not None:
+            x = pack_rows(x, pack)
         cos, sin = rope_tables(positions, inverse_frequencies(c.head_dim, c.rope_theta, c.rope_scaling))
         if key_mask is None:
             key_mask = jnp.ones(tokens.shape, bool)
         Layers = nn.scan(DecoderLayer, variable_axes={"params": 0}, split_rngs={"params": True},
                          in_axes=(0, nn.broadcast, nn.broadcast, nn.broadcast, nn.broadcast, nn.broadcast,
-                                  nn.broadcast),
+                                  nn.broadcast, nn.broadcast),
                          length=c.num_hidden_layers)
         k_all, v_all, prefix, tree = _split_kv(kv)
         (x, k_all, v_all), hidden = Layers(c, self.init_std, bool(hidden_layers), name="layers")(
-            (x, k_all, v_all), jnp.arange(c.num_hidden_layers), cos, sin, positions, key_mask, prefix, tree)
+            (x, k_all, v_all), jnp.arange(c.num_hidden_layers), cos, sin, positions, key_mask, prefix, tree, pack)
         x = RMSNorm(c.rms_norm_eps, dt, name="norm")(x)
         if c.tie_word_embeddings:
             w = embed.embedding  # [V, D]
@@ -253,6 +271,8 @@ class Transformer(nn.Module):
         logits = _head(x, w, logit_index)
         if hidden_layers:
             hidden = hidden[jnp.asarray(hidden_layers)]
+        if pack is not None:
+            logits, hidden = _unpack_outputs(logits, hidden if hidden_layers else None, pack, *positions.shape)
         new_kv = None if kv is None else (k_all, v_all)
         return logits.astype(jnp.float32), new_kv, (hidden if hidden_layers else None)
 
@@ -285,6 +305,15 @@ def _split_kv(kv):
     return kv[0], kv[1], (kv[2] if len(kv) > 2 else None), (kv[3] if len(kv) > 3 else None)
 
 
+def _unpack_outputs(logits, hidden, pack, B: int, T: int):
+    """A packed forward's logits `[1, P, V]` and hidden states `[n, 1, P, H]` back to `[B, T, ...]` (zeros where
+    no token was packed)."""
+    logits = unpack_rows(logits, pack, B, T)
+    if hidden is not None:
+        hidden = jnp.stack([unpack_rows(h, pack, B, T) for h in hidden])
+    return logits, hidden
+
+
 def _head(x, w, logit_index):
     """float32 logits of the final hidden states `x [B, T, D]`; only at `logit_index [B, n]` when given
     (a prefill needs the last prompt position's: the LM head over every position is ~20% of its FLOPs)."""
@@ -294,7 +323,7 @@ def _head(x, w, logit_index):
 
 
 def apply_unrolled(config: ModelConfig, params, tokens, positions, kv=None, key_mask=None,
-                   hidden_layers: Sequence[int] = (), logit_index=None, inputs=None):
+                   hidden_layers: Sequence[int] = (), logit_index=None, inputs=None, pack=None):
     """`Transformer(config).apply` for params whose "layers" is a tuple of per-layer trees (`unstack_layers`).
 
     Same math and outputs; the layers are unrolled, so every weight matmul reads its own parameter
@@ -304,6 +333,8 @@ def apply_unrolled(config: ModelConfig, params, tokens, positions, kv=None, key_
     c, dt = config, config.jnp_dtype
     embedding = params["embed_tokens"]["embedding"]
     x = edit_inputs(jnp.take(embedding, tokens, axis=0).astype(dt), inputs)
+    if pack is not None:
+        x = pack_rows(x, pack)
     cos, sin = rope_tables(positions, inverse_frequencies(c.head_dim, c.rope_theta, c.rope_scaling))
     if key_mask is None:
         key_mask = jnp.ones(tokens.shape, bool)
@@ -312,15 +343,18 @@ def apply_unrolled(config: ModelConfig, params, tokens, positions, kv=None, key_
     hidden = [None] * len(hidden_layers)
     for i, p in enumerate(params["layers"]):
         (x, k_all, v_all), _ = layer.apply({"params": p}, (x, k_all, v_all), i, cos, sin, positions, key_mask,
-                                           prefix, tree)
+                                           prefix, tree, pack)
         for n, j in enumerate(hidden_layers):
             if int(j) % c.num_hidden_layers == i:
                 hidden[n] = x
     x = RMSNorm(c.rms_norm_eps, dt).apply({"params": params["norm"]}, x)
     w = embedding if c.tie_word_embeddings else params["lm_head"]
     logits = _head(x, w, logit_index)
+    hidden = jnp.stack(hidden) if hidden_layers else None
+    if pack is not None:
+        logits, hidden = _unpack_outputs(logits, hidden, pack, *positions.shape)
     new_kv = None if kv is None else (k_all, v_all)
-    return logits.astype(jnp.float32), new_kv, (jnp.stack(hidden) if hidden_layers else None)
+    return logits.astype(jnp.float32), new_kv, hidden
 
 
 def unstack_layers(params):

@@ -17,8 +17,14 @@ cycle instead of one with K + 1 groups of masks. Confidence cut (`tau` > 0): onl
 L = #{i : prod_{j<=i} max q_j >= tau} (clamped to [1, K]); `stats.num_draft_tokens` counts the verified ones. The
 call itself shrinks to the narrowest of the static widths 1, 2, 4, ..., K (`verify_widths`) that holds every live
 row's L: one `lax.switch` branch per width inside the one compiled program, so no shape is data-dependent and nothing
-recompiles. In parallel mode the width cuts both the verified block and the mask groups (w + 1 of them). Rows are
-not packed across each other: a batch pays for its least confident row's L.
+recompiles. In parallel mode the width cuts both the verified block and the mask groups (w + 1 of them), and a
+batch pays for its most confident row's L. Packing (`token_budget=P`, sequential mode): the verify pass takes the
+P most confident drafts across the whole batch — each live row's first draft ranked before any row's second, then
+by cumulative confidence, within each row's cut — as one packed call (`forward_cached(..., pack=)`: the projections,
+MLPs and LM head, nearly all of its FLOPs, run on P tokens instead of B·K; attention keeps the [B, K] layout). Rows
+get ragged lengths L_r (prefixes, Σ L_r <= P; a row left with L_r = 0 takes a plain target step from the draft
+pass's logits), and the call's shape is fixed by P, so nothing recompiles. On this CPU a call turns compute-bound
+past ~8-16 tokens, which is where packing pays: a batch of 16 at K = 8 verifies 128 tokens unpacked.
 
 Exactness: every draft is drawn from a recorded q that depends only on the past, so the accept/reject step of `sd`
 leaves the output law p_T (tested by enumeration); at T = 0 the tokens are `ar`'s. Only the clean tokens write the
@@ -47,6 +53,28 @@ def confidence_length(dlq, tau: float):
         return jnp.full(dlq.shape[:1], K, jnp.int32)
     conf = jnp.cumsum(jnp.max(dlq, axis=-1), axis=1)  # log prod_{j<=i} top-1 probability
     return jnp.clip(jnp.sum(conf >= jnp.log(tau), axis=1), 1, K).astype(jnp.int32)
+
+
+def budget_lengths(dlq, L, live, budget: int):
+    """Ragged verify lengths `[B]` within `budget` drafts across the batch: the top-`budget` (row, position)
+    candidates with position < L[row] of live rows, ranked first-draft-first, then by cumulative top-1 confidence
+    (earlier positions win ties); each row keeps the prefix of as many drafts as it won. Depends on q only, so
+    verification stays exact whatever it picks."""
+    B, K = dlq.shape[:2]
+    conf = jnp.cumsum(jnp.max(dlq, axis=-1), axis=1)  # [B, K], non-increasing along a row
+    ok = live[:, None] & (jnp.arange(K)[None, :] < L[:, None])
+    score = jnp.where(jnp.arange(K)[None, :] == 0, 1.0, conf)  # log conf <= 0: every first draft ranks first
+    score = jnp.where(ok, score, -jnp.inf).reshape(-1)
+    top, idx = jax.lax.top_k(score, min(budget, B * K))
+    won = jnp.zeros((B * K,), jnp.int32).at[idx].set((top > -jnp.inf).astype(jnp.int32)).reshape(B, K)
+    return jnp.sum(won, axis=1).astype(jnp.int32)
+
+
+def pack_index(lengths, K: int, budget: int):
+    """Flat indices `int32[budget]` (b * K + t for t < lengths[b]; padding B * K) of a packed verify call."""
+    B = lengths.shape[0]
+    valid = (jnp.arange(K)[None, :] < lengths[:, None]).reshape(-1)
+    return jnp.nonzero(valid, size=budget, fill_value=B * K)[0].astype(jnp.int32)
 
 
 def verify_widths(K: int) -> tuple[int, ...]:
@@ -89,6 +117,9 @@ def build_flex(target_cfg, drafter, spec: StaticSpec):
     S = drafter.flex_config.group_size
     mode, tau = drafter.mode_for(B), drafter.tau
     widths = verify_widths(K)
+    budget = drafter.token_budget if mode == "sequential" and drafter.token_budget is not None else None
+    if budget is not None and budget >= B * K:
+        budget = None  # the whole batch fits: the plain (unpacked) verify call
 
     def next_drafts(key, tp, fp, mask_hidden, bonus, sampling):
         lq = process_logits(draft_logits(target_cfg, tp, fp, mask_hidden[:, :K], bonus), sampling)  # [B, K, V]
@@ -146,6 +177,8 @@ def build_flex(target_cfg, drafter, spec: StaticSpec):
                                                    anchor_positions=(tlen_before - 1)[:, None])
                 x, dlq = next_drafts(k_draft, tp, fp, mh0[:, 0], s.tok, inp.draft_sampling)
                 L = confidence_length(dlq, tau)
+                if budget is not None:  # ragged rows packed into one call of `budget` tokens
+                    L = budget_lengths(dlq, L, live, budget)
 
                 def verify_call(w):  # the verify pass over the first w drafts
                     def call(cache):
@@ -153,7 +186,10 @@ def build_flex(target_cfg, drafter, spec: StaticSpec):
                         return _pad_to(lg, K), cache
                     return call
 
-                if tau:
+                if budget is not None:
+                    lg1, tcache = forward_cached(target_cfg, tp, x, tcache, num_valid=jnp.where(live, L, 0),
+                                                 pack=pack_index(jnp.where(live, L, 0), K, budget))
+                elif tau:
                     lg1, tcache = jax.lax.switch(_width_index(L, live, widths), [verify_call(w) for w in widths],
                                                  tcache)
                 else:

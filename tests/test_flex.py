@@ -81,6 +81,10 @@ def flex_drafter(target, seed=1):
     pytest.param(dict(temperature=1.0), dict(mode="sequential"), marks=pytest.mark.slow),  # draft pass + verify pass
     pytest.param(dict(temperature=0.7, top_k=3), dict(tau=0.3), marks=pytest.mark.slow),  # confidence cut
     pytest.param(dict(temperature=1.0), dict(tau=0.3, mode="sequential"), marks=pytest.mark.slow),  # cut verify pass
+    # ragged rows packed into 3000 tokens for 5000 rows of K = 2: rows verify 0, 1 or 2 drafts by confidence
+    pytest.param(dict(temperature=1.0), dict(mode="sequential", token_budget=3000), marks=pytest.mark.slow),
+    pytest.param(dict(temperature=0.7, top_k=3), dict(tau=0.3, mode="sequential", token_budget=6000),
+                 marks=pytest.mark.slow),
 ])
 def test_flex_is_exact(setting, options):
     target, _ = tiny_pair(V, SEED)
@@ -178,6 +182,40 @@ def test_training_raises_acceptance(tmp_path):
     for a, b in zip(jax.tree_util.tree_leaves(before), jax.tree_util.tree_leaves(target.params)):
         np.testing.assert_array_equal(a, np.asarray(b))
     assert FlexDrafter.load(str(tmp_path / "flex")).num_params == trained.num_params
+
+
+def test_budget_lengths_and_pack_index():
+    """The packed verify's ragged lengths: every live row's first draft before any second, then by cumulative
+    confidence within each row's cut; dead rows get none; the pack index lists each row's prefix."""
+    from smcsd.flex import budget_lengths, pack_index
+    top1 = np.log(np.array([[0.9, 0.9, 0.9], [0.5, 0.99, 0.99], [0.99, 0.99, 0.99], [0.6, 0.6, 0.6]]))
+    dlq = jnp.asarray(np.concatenate([top1[..., None], np.full((4, 3, 1), -30.0)], -1), jnp.float32)  # [B, K, 2]
+    live = jnp.array([True, True, False, True])
+    L = jnp.array([3, 3, 3, 2])
+    # cumulative: row 0 .9 .81 .73, row 1 .5 .495 .49, row 3 .6 .36 (cut at 2); row 2 is dead
+    assert budget_lengths(dlq, L, live, 3).tolist() == [1, 1, 0, 1]
+    assert budget_lengths(dlq, L, live, 5).tolist() == [3, 1, 0, 1]
+    assert budget_lengths(dlq, L, live, 7).tolist() == [3, 3, 0, 1]
+    assert budget_lengths(dlq, L, live, 12).tolist() == [3, 3, 0, 2]
+    assert budget_lengths(dlq, L, live, 2).tolist() in ([1, 1, 0, 0], [1, 0, 0, 1], [0, 1, 0, 1])
+    assert pack_index(jnp.array([2, 0, 1]), 3, 5).tolist() == [0, 1, 6, 9, 9]
+
+
+def test_packed_verify_matches_unpacked_and_ar():
+    """Greedy flex with packed verify calls (budgets below, at and above one token per row) gives ar's tokens and
+    verifies no more drafts than the budget allows."""
+    target, _ = tiny_pair(V, SEED)
+    d = flex_drafter(target).with_options(mode="sequential")
+    prompts = [[0, 1, 2, 0, 1], [3, 4, 3], [5, 1], [2, 2, 2, 2]]
+    kw = dict(target=target, max_new_tokens=12, eos_id=[], num_speculative_tokens=3)
+    ref = smcsd.decode(prompts, method="ar", temperature=0.0, max_new_tokens=12, target=target, eos_id=[]).tokens
+    for budget in (2, 4, 7):
+        res = smcsd.decode(prompts, draft=d.with_options(token_budget=budget), method="flex", temperature=0.0, **kw)
+        assert res.tokens == ref, budget
+        cycles = res.stats.num_target_calls / 2
+        assert res.stats.num_draft_tokens <= budget * cycles
+    with pytest.raises(ValueError, match="token_budget"):
+        d.with_options(token_budget=0)
 
 
 def test_verify_widths():

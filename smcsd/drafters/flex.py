@@ -36,18 +36,25 @@ class FlexDrafter(Drafter):
     mode: str = "auto"  # "parallel" | "sequential" | "auto" (parallel up to `switch_batch` requests)
     switch_batch: int = 4
     tau: float = 0.0  # confidence cut: verify drafts while their cumulative top-1 probability stays >= tau (0: off)
+    token_budget: int | None = None  # sequential mode: drafts verified per call across the batch, packed (None: B·K)
 
     kind = "flex"
     supports_mesh = False
 
     def __init__(self, flex_config: FlexConfig, target_config: ModelConfig, params: FlexParams | None = None,
-                 name: str = "flex", mode: str = "auto", switch_batch: int = 4, tau: float = 0.0):
+                 name: str = "flex", mode: str = "auto", switch_batch: int = 4, tau: float = 0.0,
+                 token_budget: int | None = None):
         if mode not in MODES:
             raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
         if not isinstance(switch_batch, int) or isinstance(switch_batch, bool) or switch_batch < 1:
             raise ValueError(f"switch_batch must be an int >= 1, got {switch_batch!r}")
         if isinstance(tau, bool) or not isinstance(tau, (int, float)) or not 0 <= tau < 1:
             raise ValueError(f"tau (the confidence cut) must be in [0, 1), got {tau!r}")
+        if token_budget is not None and (not isinstance(token_budget, int) or isinstance(token_budget, bool)
+                                         or token_budget < 1):
+            raise ValueError(f"token_budget (drafts verified per call across the batch) must be an int >= 1 or None, "
+                             f"got {token_budget!r}")
+        object.__setattr__(self, "token_budget", token_budget)
         object.__setattr__(self, "mode", mode)
         object.__setattr__(self, "switch_batch", switch_batch)
         object.__setattr__(self, "tau", float(tau))
@@ -62,7 +69,7 @@ class FlexDrafter(Drafter):
     def __repr__(self):
         f = self.flex_config
         return (f"FlexDrafter({self.name!r}, adapter_layers={f.adapter_layers}, group_size={f.group_size}, "
-                f"mode={self.mode!r}, tau={self.tau})")
+                f"mode={self.mode!r}, tau={self.tau}, token_budget={self.token_budget})")
 
     @classmethod
     def create(cls, target, *, adapter_layers: int = 2, group_size: int = 4, calib_hidden: int = 256, seed: int = 0,
@@ -72,16 +79,22 @@ class FlexDrafter(Drafter):
 
     def with_params(self, params: FlexParams) -> "FlexDrafter":
         return FlexDrafter(self.flex_config, self.target_config, params, self.name, self.mode, self.switch_batch,
-                           self.tau)
+                           self.tau, self.token_budget)
+
+    _UNSET = object()
 
     def with_options(self, mode: str | None = None, switch_batch: int | None = None,
-                     tau: float | None = None) -> "FlexDrafter":
+                     tau: float | None = None, token_budget=_UNSET) -> "FlexDrafter":
         """The same adapters run in another mode ("parallel": draft and verify in one forward; "sequential": a
-        draft pass, then a verify pass; "auto": parallel up to `switch_batch` requests), or with a confidence cut
-        `tau` (verify drafts only while the product of their top-1 probabilities stays >= tau)."""
+        draft pass, then a verify pass; "auto": parallel up to `switch_batch` requests), with a confidence cut
+        `tau` (verify drafts only while the product of their top-1 probabilities stays >= tau), or with a
+        `token_budget`: the sequential mode's verify pass then packs the batch's ragged rows into one call of that
+        many tokens (the most confident drafts across rows, each row's first draft before any second one; None:
+        no packing)."""
         return FlexDrafter(self.flex_config, self.target_config, self.params, self.name,
                            self.mode if mode is None else mode,
-                           self.switch_batch if switch_batch is None else switch_batch, self.tau if tau is None else tau)
+                           self.switch_batch if switch_batch is None else switch_batch, self.tau if tau is None else tau,
+                           self.token_budget if token_budget is FlexDrafter._UNSET else token_budget)
 
     def mode_for(self, batch: int) -> str:
         if self.mode != "auto":
