@@ -271,7 +271,8 @@ def overlap_pairs():
     return pairs
 
 
-def overlap_projection(tcfg, dcfg, B: int, K: int, cache_len: int, dev: Device, stats: dict) -> dict:
+def overlap_projection(tcfg, dcfg, B: int, K: int, cache_len: int, dev: Device, stats: dict,
+                       draft_block: int | None = None, hidden_bytes_per_token: int = 0) -> dict:
     """sd vs sd-overlap (MineDraft, smcsd/overlap.py) on `dev`, per cycle of sd at batch B. sd runs the batch's K draft
     calls, then its verification, on one group. sd-overlap gives the drafter a group of its own and alternates two
     half-batches, so a half-step costs max(t_verify, t_draft) + t_transfer (smcsd.overlap.overlap_step_model), where
@@ -283,18 +284,26 @@ def overlap_projection(tcfg, dcfg, B: int, K: int, cache_len: int, dev: Device, 
     - MineDraft's (`overlap_doubled_*`): twice the requests in flight, halves of B, so each half-step serves as many
       requests as one sd cycle: throughput x (t_verify + t_draft) / (max(t_verify, t_draft) + t_transfer), which
       beats sd whenever t_transfer < min(t_verify, t_draft). It needs KV memory for 2B requests on the target group.
-    Tokens per cycle per request from the measured acceptance (`stats["acceptance_sd"]`), the same for all."""
+    Tokens per cycle per request from the measured acceptance (`stats["acceptance_sd"]`), the same for all.
+    `draft_block`: the drafter is a block drafter (DFlash) of that block size, one call over rows x block tokens per
+    cycle (as in `cycle_cost`); `hidden_bytes_per_token`: bytes of target hidden states it gets back per verified
+    token (its layers x hidden size x dtype bytes), added to the transfer. Defaults: an AR drafter, nothing extra."""
     from smcsd.overlap import overlap_step_model
     tokens = expected_tokens(stats["acceptance_sd"], K) if stats.get("acceptance_sd") is not None else float("nan")
 
+    def drafting(h):
+        if draft_block:
+            return call_time(dcfg, h, draft_block, cache_len, dev, logit_rows=h * K)[0]
+        return K * call_time(dcfg, h, 1, cache_len, dev)[0]
+
     def halves(h):
         tv, _ = call_time(tcfg, h, K + 1, cache_len, dev)
-        td = K * call_time(dcfg, h, 1, cache_len, dev)[0]
-        nbytes = h * K * tcfg.vocab_size * 4 + h * (2 * K + 8) * 4
+        td = drafting(h)
+        nbytes = h * K * tcfg.vocab_size * 4 + h * (2 * K + 8) * 4 + h * (K + 1) * hidden_bytes_per_token
         tx = 2 * dev.link_latency_s + (nbytes / dev.link_bw if dev.link_bw else float("inf"))
         return tv, td, tx, 2 * overlap_step_model(tv, td, tx)["overlap_step_s"]
 
-    tv_b, td_b = call_time(tcfg, B, K + 1, cache_len, dev)[0], K * call_time(dcfg, B, 1, cache_len, dev)[0]
+    tv_b, td_b = call_time(tcfg, B, K + 1, cache_len, dev)[0], drafting(B)
     sd_cycle = tv_b + td_b
     tv, td, tx, same = halves(max(B // 2, 1))
     _, _, tx2, doubled = halves(B)  # a half-step per B requests: two of them serve 2B
@@ -306,14 +315,16 @@ def overlap_projection(tcfg, dcfg, B: int, K: int, cache_len: int, dev: Device, 
 
 
 def flex_cycle_times(cfg, B: int, K: int, group: int, adapter_layers: int, calib_hidden: int, cache_len: int,
-                     dev: Device) -> tuple[float, float]:
+                     dev: Device, with_bound: bool = False):
     """(parallel, sequential) seconds of one `flex` cycle (FlexDraft, smcsd/flex.py) for B rows on `dev`, by the
     roofline of each call (weights read once per call, FLOPs counted per token and layer):
     parallel: one call over K+1 clean tokens through every layer plus (K+1) mask groups of `group` tokens through the
     last `adapter_layers` layers, LM head on the K+1 clean rows and on K draft rows (+ the calibration MLP);
     sequential: a draft call (1 clean token through every layer, one mask group through the last layers, head on
     1 + K rows + calibration) and a verify call (K clean tokens, head on K rows). Attention is counted on the cache
-    for clean tokens and ignored for masks (they attend to their anchor's context: the same order)."""
+    for clean tokens and ignored for masks (they attend to their anchor's context: the same order).
+    `with_bound`: also the bound of each mode ("memory" | "compute": of its one call, or of the sequential mode's
+    verify call), as ((parallel s, bound), (sequential s, bound))."""
     rf = _rf()
     L, H, V = cfg.num_hidden_layers, cfg.hidden_size, cfg.vocab_size
     head = V * H
@@ -327,11 +338,15 @@ def flex_cycle_times(cfg, B: int, K: int, group: int, adapter_layers: int, calib
         flops = 2 * B * (per_layer * token_layers + head * head_rows + calib * calib_rows)
         flops += 4 * B * clean_tokens * cache_len * cfg.num_attention_heads * cfg.head_dim * L
         mem, comp = (weights + kv) / dev.bandwidth, flops / dev.flops
-        return (max(mem, comp) if dev.overlap else mem + comp) + call_overhead(cfg, dev) + \
+        t = (max(mem, comp) if dev.overlap else mem + comp) + call_overhead(cfg, dev) + \
             B * head_rows * dev.logits_row_s
+        return t, ("memory" if mem >= comp else "compute")
 
-    parallel = call((K + 1) * L + (K + 1) * group * adapter_layers, (K + 1) + K, K + 1, K)
-    sequential = call(L + group * adapter_layers, 1 + K, 1, K) + call(K * L, K, K, 0)
+    parallel, p_bound = call((K + 1) * L + (K + 1) * group * adapter_layers, (K + 1) + K, K + 1, K)
+    (draft, _), (verify, s_bound) = call(L + group * adapter_layers, 1 + K, 1, K), call(K * L, K, K, 0)
+    sequential = draft + verify
+    if with_bound:
+        return (parallel, p_bound), (sequential, s_bound)
     return parallel, sequential
 
 
@@ -349,6 +364,16 @@ def flex_switch_point(cfg, K: int, group: int, adapter_layers: int, calib_hidden
             return B
         B *= 2
     return None
+
+
+def tensor_parallel(dev: Device, chips: int, allreduce_s: float) -> Device:
+    """`dev` x `chips` in tensor parallel (experiments/paper_check.py's 4xH100): the chips' summed HBM bandwidth and
+    FLOP rate, and per layer the fixed overhead plus two all-reduces (after attention and after the MLP) of
+    `allreduce_s` each. One chip: `dev` unchanged."""
+    if chips <= 1:
+        return dev
+    return dataclasses.replace(dev, name=f"{chips}x {dev.name} tensor-parallel", bandwidth=chips * dev.bandwidth,
+                               flops=chips * dev.flops, overhead_s=dev.overhead_s + 2 * allreduce_s)
 
 
 def steady_state(method, tcfg, dcfg, B, N, K, context, dev, stats, prompt_len=None, draft_block=None) -> dict:
