@@ -135,32 +135,34 @@ def test_hidden_states_on_request():
 def test_packed_forward_equals_unpacked_at_the_packed_tokens(arch, unstacked):
     """forward_cached(..., pack=): ragged row prefixes run as one packed row of tokens; their logits, hidden states
     and cache writes equal the plain forward's, the rest are zeros, and later calls see the same cache."""
-    from models import forward_cached
+    import functools
+    from models import forward_cached as plain
     from models.transformer import unstack_layers
     model = _model(arch)
+    forward_cached = jax.jit(functools.partial(plain, model.config), static_argnames=("hidden_layers",))
     c, params = model.config, (unstack_layers(model.params) if unstacked else model.params)
     B, T, V = 3, 4, BASE["vocab_size"]
     cache = model.init_cache(B, 16)
     if unstacked:
         from models import init_cache
         cache = init_cache(c.num_hidden_layers, B, 16, c.num_key_value_heads, c.head_dim, c.jnp_dtype, per_layer=True)
-    cache = forward_cached(c, params, _tokens(B, 3, V, 1), cache, num_valid=jnp.array([3, 1, 2]))[1]
+    cache = forward_cached(params, _tokens(B, 3, V, 1), cache, num_valid=jnp.array([3, 1, 2]))[1]
     toks = _tokens(B, T, V, 2)
     L = jnp.array([2, 0, 4])
     pack = jnp.array([0, 1, 8, 9, 10, 11, 12], jnp.int32)  # rows' prefixes (flat b * T + t), one padding entry
-    ref_logits, ref_cache, ref_hidden = forward_cached(c, params, toks, cache, num_valid=L, hidden_layers=(0,))
-    logits, new_cache, hidden = forward_cached(c, params, toks, cache, num_valid=L, hidden_layers=(0,), pack=pack)
+    ref_logits, ref_cache, ref_hidden = forward_cached(params, toks, cache, num_valid=L, hidden_layers=(0,))
+    logits, new_cache, hidden = forward_cached(params, toks, cache, num_valid=L, hidden_layers=(0,), pack=pack)
     keep = np.asarray(jnp.arange(T)[None, :] < L[:, None])
     np.testing.assert_allclose(np.asarray(logits)[keep], np.asarray(ref_logits)[keep], atol=1e-5, rtol=1e-5)
     np.testing.assert_allclose(np.asarray(hidden)[:, keep], np.asarray(ref_hidden)[:, keep], atol=1e-5, rtol=1e-5)
     assert not np.asarray(logits)[~keep].any()
     np.testing.assert_array_equal(new_cache.lengths, ref_cache.lengths)
     nxt = _tokens(B, 1, V, 3)
-    a = forward_cached(c, params, nxt, new_cache)[0]
-    b = forward_cached(c, params, nxt, ref_cache)[0]
+    a = forward_cached(params, nxt, new_cache)[0]
+    b = forward_cached(params, nxt, ref_cache)[0]
     np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=1e-5, rtol=1e-5)
     with pytest.raises(ValueError, match="logit_index"):
-        forward_cached(c, params, toks, cache, pack=pack, logit_index=jnp.zeros((B, 1), jnp.int32))
+        plain(c, params, toks, cache, pack=pack, logit_index=jnp.zeros((B, 1), jnp.int32))
 
 
 def test_cache_overflow_is_a_clear_error():
