@@ -23,7 +23,6 @@ command, settings, wall time, final held-out metrics); otherwise to --out.
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import sys
@@ -31,6 +30,8 @@ import sys
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if REPO not in sys.path:
     sys.path.insert(0, REPO)
+
+from experiments import _train_cli as train_cli, report  # noqa: E402
 
 DEFAULTS = {  # per pair: sizes and a CPU budget (about half an hour or less a run)
     "tiny-code": dict(layers=1, block_size=16, seq_len=256, batch_size=16, num_anchors=8, steps=600, lr=2e-3,
@@ -66,43 +67,32 @@ def corpus_for(pair: str, target, args):
 
 
 def main(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--pair", choices=sorted(DEFAULTS), default="tiny-code")
+    ap = train_cli.new_parser(__doc__, DEFAULTS)
     ap.add_argument("--weighting", choices=["dflash", "dpace", "uniform"], default="dflash")
     ap.add_argument("--seed", type=int, default=0, help="init and anchor seed")
-    for k in ("layers", "block_size", "seq_len", "batch_size", "num_anchors", "steps", "topk"):
-        ap.add_argument("--" + k.replace("_", "-"), type=int, default=None)
-    ap.add_argument("--max-tokens", type=int, default=None)
-    ap.add_argument("--export-dtype", choices=["float32", "bfloat16"], default=None,
+    train_cli.add_size_args(ap, ("layers", "block_size", "seq_len", "batch_size", "num_anchors", "steps", "topk"),
+                            lr=False)
+    # its own order (--export-dtype before --lr, --variable-prefix before --resume) and helps: in pieces
+    ap.add_argument("--export-dtype", choices=train_cli.EXPORT_DTYPES, default=None,
                     help="stored dtype (default: float32 on tiny-code, bfloat16 on smollm2-135m; computed in float32 on CPU)")
     ap.add_argument("--lr", type=float, default=None)
     ap.add_argument("--ce-weight", type=float, default=0.5)
     ap.add_argument("--kl-weight", type=float, default=0.5)
-    ap.add_argument("--eval-every", type=int, default=100)
-    ap.add_argument("--eval-rows", type=int, default=32)
-    ap.add_argument("--ckpt-every", type=int, default=50)
-    ap.add_argument("--stop-after", type=int, default=None)
-    ap.add_argument("--cache-dir", default=os.path.expanduser("~/.cache/smcsd/teacher"))
+    train_cli.add_schedule_args(ap)
     ap.add_argument("--ckpt-dir", default=None, help="default: checkpoints/<pair>-<weighting>-s<seed>")
-    ap.add_argument("--out", default=None, help="export directory (default: none unless --export)")
-    ap.add_argument("--export", action="store_true", help="export into the pair's shipped drafters")
+    train_cli.add_output_args(ap, export_help="export into the pair's shipped drafters",
+                              out_help="export directory (default: none unless --export)")
     ap.add_argument("--variable-prefix", action="store_true",
                     help="train D²SD's variable-prefix drafter (warm-started from the pair's dflash-dpace drafter)")
     ap.add_argument("--prefix-decay", type=float, default=0.9, help="Pr(p) ∝ decay^p with --variable-prefix")
-    ap.add_argument("--resume", action="store_true")
-    ap.add_argument("--overwrite", action="store_true")
-    ap.add_argument("--no-progress", action="store_true")
+    train_cli.add_run_flags(ap)
     args = ap.parse_args(argv)
-    for k, v in DEFAULTS[args.pair].items():
-        if getattr(args, k) is None:
-            setattr(args, k, v)
+    train_cli.fill_defaults(args, DEFAULTS[args.pair])  # this script does not require --out or --export
 
-    import smcsd
     from smcsd.drafters import BlockDrafter
     from smcsd.train import train_block_drafter
 
-    target, _ = smcsd.load(args.pair, drafter="prompt-lookup", dtype="float32" if args.pair == "smollm2-135m" else None)
+    target, _ = train_cli.load_pair(args.pair)
     corpus = corpus_for(args.pair, target, args)
     print(f"corpus: {corpus.num_tokens} tokens, {len(corpus.train_rows)} train rows", flush=True)
     name = "dflash-dpace" if args.weighting == "dpace" else "dflash"
@@ -114,22 +104,14 @@ def main(argv=None):
         drafter = BlockDrafter.create(target, num_layers=args.layers, block_size=args.block_size, seed=args.seed,
                                       name=name)
     tag = f"{args.pair}-{args.weighting}{'-vp' if args.variable_prefix else ''}-s{args.seed}"
-    out = args.out
-    if args.export:
-        out = os.path.join(REPO, "models", "shipped", args.pair, "drafters", name)
-    command = "python experiments/train_block_drafter.py " + " ".join(sys.argv[1:] if argv is None else argv)
+    out = train_cli.output_dir(args, name)
     res = train_block_drafter(
         target, drafter, corpus, steps=args.steps, weighting=args.weighting, lr=args.lr,
         num_anchors=args.num_anchors, ce_weight=args.ce_weight, kl_weight=args.kl_weight, topk=args.topk,
-        seed=args.seed, cache_dir=args.cache_dir if args.pair == "smollm2-135m" else None,
-        ckpt_dir=args.ckpt_dir or os.path.join(REPO, "checkpoints", tag), resume=args.resume,
-        overwrite=args.overwrite, out=out, export_dtype=args.export_dtype, eval_every=args.eval_every,
-        ckpt_every=args.ckpt_every,
-        eval_rows=args.eval_rows, progress=not args.no_progress, stop_after=args.stop_after,
-        curves_path=os.path.join(REPO, "experiments", "results", "train", tag), command=command,
-        prefix_decay=args.prefix_decay if args.variable_prefix else None)
-    print(json.dumps({"final_eval": res.history["eval"][-1] if res.history["eval"] else None,
-                      "wall_s": round(res.history["wall_s"], 1), "out": out}, indent=1))
+        seed=args.seed, cache_dir=train_cli.teacher_cache_dir(args),
+        prefix_decay=args.prefix_decay if args.variable_prefix else None,
+        **train_cli.loop_kwargs(args, tag, out, report.command(__file__, argv), ckpt_dir=args.ckpt_dir))
+    train_cli.print_summary(res, out)
 
 
 if __name__ == "__main__":

@@ -15,14 +15,14 @@ models/shipped/<pair>/drafters/pard2/ (with training.json: command, settings, wa
 
 from __future__ import annotations
 
-import argparse
-import json
 import os
 import sys
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if REPO not in sys.path:
     sys.path.insert(0, REPO)
+
+from experiments import _train_cli as train_cli, report  # noqa: E402
 
 DEFAULTS = {  # per pair: sizes and a CPU budget (well under an hour a run)
     "tiny-code": dict(seq_len=128, batch_size=16, steps=400, lr=1e-3, max_tokens=2_000_000, topk=32,
@@ -42,60 +42,34 @@ def default_feature_layers(num_layers: int) -> tuple[int, ...]:
 
 
 def main(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--pair", choices=sorted(DEFAULTS), default="tiny-code")
+    ap = train_cli.new_parser(__doc__, DEFAULTS)
     ap.add_argument("--weighting", choices=["cat", "uniform"], default="cat")
     ap.add_argument("--no-features", action="store_true", help="target-independent only (no dual mode)")
     ap.add_argument("--feature-drop", type=float, default=0.2)
     ap.add_argument("--depth", type=int, default=8, help="mask groups of the COD sequences (K trained)")
     ap.add_argument("--seed", type=int, default=0)
-    for k in ("seq_len", "batch_size", "steps", "topk"):
-        ap.add_argument("--" + k.replace("_", "-"), type=int, default=None)
-    ap.add_argument("--max-tokens", type=int, default=None)
-    ap.add_argument("--lr", type=float, default=None)
-    ap.add_argument("--export-dtype", choices=["float32", "bfloat16"], default=None)
-    ap.add_argument("--eval-every", type=int, default=100)
-    ap.add_argument("--eval-rows", type=int, default=32)
-    ap.add_argument("--ckpt-every", type=int, default=50)
-    ap.add_argument("--stop-after", type=int, default=None)
-    ap.add_argument("--cache-dir", default=os.path.expanduser("~/.cache/smcsd/teacher"))
-    ap.add_argument("--ckpt-dir", default=None)
-    ap.add_argument("--out", default=None)
-    ap.add_argument("--export", action="store_true", help="export into the pair's shipped drafters as pard2")
-    ap.add_argument("--resume", action="store_true")
-    ap.add_argument("--overwrite", action="store_true")
-    ap.add_argument("--no-progress", action="store_true")
+    train_cli.add_size_args(ap, ("seq_len", "batch_size", "steps", "topk"))
+    train_cli.add_training_args(ap, export_help="export into the pair's shipped drafters as pard2", ckpt_dir=True)
     args = ap.parse_args(argv)
-    for k, v in DEFAULTS[args.pair].items():
-        if getattr(args, k) is None:
-            setattr(args, k, v)
+    train_cli.fill_defaults(args, DEFAULTS[args.pair])  # this script does not require --out or --export
 
-    import smcsd
     from smcsd.drafters import MaskDrafter
     from smcsd.train.mask import train_mask_drafter
     from experiments.train_block_drafter import corpus_for
 
-    dtype = "float32" if args.pair == "smollm2-135m" else None
-    target, draft = smcsd.load(args.pair, drafter="ar-distilled", dtype=dtype)
+    target, draft = train_cli.load_pair(args.pair, drafter="ar-distilled")
     corpus = corpus_for(args.pair, target, args)
     print(f"corpus: {corpus.num_tokens} tokens, {len(corpus.train_rows)} train rows", flush=True)
     layers = () if args.no_features else default_feature_layers(target.config.num_hidden_layers)
     drafter = MaskDrafter.create(draft, target=target, feature_layers=layers, seed=args.seed, name="pard2")
     tag = f"{args.pair}-pard2-{args.weighting}-{'plain' if args.no_features else f'drop{args.feature_drop:g}'}-s{args.seed}"
-    out = os.path.join(REPO, "models", "shipped", args.pair, "drafters", "pard2") if args.export else args.out
-    command = "python experiments/train_mask_drafter.py " + " ".join(sys.argv[1:] if argv is None else argv)
-    res = train_mask_drafter(
-        target, drafter, corpus, steps=args.steps, weighting=args.weighting, depth=args.depth,
-        feature_drop=args.feature_drop, lr=args.lr, topk=args.topk, seed=args.seed,
-        cache_dir=args.cache_dir if args.pair == "smollm2-135m" else None,
-        ckpt_dir=args.ckpt_dir or os.path.join(REPO, "checkpoints", tag), resume=args.resume,
-        overwrite=args.overwrite, out=out, export_dtype=args.export_dtype, eval_every=args.eval_every,
-        ckpt_every=args.ckpt_every, eval_rows=args.eval_rows, progress=not args.no_progress,
-        stop_after=args.stop_after, curves_path=os.path.join(REPO, "experiments", "results", "train", tag),
-        command=command)
-    print(json.dumps({"final_eval": res.history["eval"][-1] if res.history["eval"] else None,
-                      "wall_s": round(res.history["wall_s"], 1), "out": out}, indent=1))
+    out = train_cli.output_dir(args, "pard2")
+    res = train_mask_drafter(target, drafter, corpus, steps=args.steps, weighting=args.weighting, depth=args.depth,
+                             feature_drop=args.feature_drop, lr=args.lr, topk=args.topk, seed=args.seed,
+                             cache_dir=train_cli.teacher_cache_dir(args),
+                             **train_cli.loop_kwargs(args, tag, out, report.command(__file__, argv),
+                                                     ckpt_dir=args.ckpt_dir))
+    train_cli.print_summary(res, out)
 
 
 if __name__ == "__main__":
