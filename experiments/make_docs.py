@@ -109,12 +109,19 @@ OTHER_RESULTS = [
      "sequential vs sd (the best separate drafters) and ar at batch 1, 4, 16; the switch point here and by the cost "
      "model", "experiments/flex_study.py --pair smollm2-135m --prompts 8 --seeds 2 --max-new 48 --repeats 2 "
      "--batch-sizes 1 4 16", None),
+    ("flex_pack_smollm2-135m.json", "FlexDraft on SmolLM2-135M: the sequential mode's verify pass with ragged rows "
+     "packed into a fixed token budget (batch 16, K = 8, tau = 0.1) against unpacked and ar",
+     "experiments/flex_study.py --pair smollm2-135m --parts pack --prompts 8 --max-new 48 --repeats 2 "
+     "--batch-sizes 16 --out experiments/results/flex_pack_smollm2-135m.json", None),
     ("overlap_bench.json", "sd-overlap (MineDraft) vs sd on 8 host devices, SmolLM2-135M + ar-distilled, batch 8-64: "
      "step time, the throughput model, the overlap timeline, projections", "experiments/overlap_bench.py "
      "--batch-sizes 8 16 32 64 --max-new-tokens 16 --repeats 1", None),
     ("paper_check.json", "The cost model against the SMC-SD paper: Llama-3.1-70B + 3.2-1B on 4×H100, batch 1 (AR 65.0, "
      "SD 140.8, SMC-SD 342.0 tokens/s), pure roofline and with the bandwidth fitted on AR", "experiments/paper_check.py",
      None),
+    ("projections.json", "Projected: every method (ar, sd, sd-multi, sd-tree, smc, flex, sd-overlap) on H100 / TPU v5e "
+     "for SmolLM2-135M + its drafters, Llama-3.1-8B + 3.2-1B and Llama-3.1-70B + 3.2-1B (prompt 256, output 512, "
+     "batch 1)", "experiments/projections.py", None),
     ("cost_model_8b1b.json", "Projected: Llama-3.1-8B + 3.2-1B on H100 / TPU v5e (prompt 256, output 512)",
      "experiments/cost_model.py --device h100 tpu-v5e --bench experiments/results/quick/bench_speed.json "
      "--acceptance 0.81 --pair llama3.1-8b+llama3.2-1b --batch-sizes 1 --num-particles 4 -K 4 "
