@@ -435,6 +435,19 @@ def markdown(results: list[dict]) -> str:
     return "\n\n".join(parts)
 
 
+def release_programs() -> None:
+    """Drop every compiled program of this process (smcsd's and JAX's caches) before a suite: each XLA:CPU executable
+    holds memory mappings of its own, and a full matrix after make_docs' other benchmarks compiles enough of them to
+    exhaust the kernel's per-process map limit (vm.max_map_count, 65530 here: LLVM 'Cannot allocate memory')."""
+    import gc
+
+    import jax
+    from smcsd.engine import clear_compile_cache
+    clear_compile_cache()
+    jax.clear_caches()
+    gc.collect()
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -455,6 +468,7 @@ def main(argv=None) -> int:
     for i, suite in enumerate(cfg["suites"]):
         if args.only and suite["pair"] not in args.only:
             continue
+        release_programs()
         res = run_suite(suite, repeats, progress=not args.no_progress)
         res["plots"] = plot_suite(res, f"{stem}_{i + 1}")  # suites may share a pair: numbered
         results.append(res)
