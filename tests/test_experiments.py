@@ -336,6 +336,28 @@ def test_bench_matrix_cells_and_config_errors(tmp_path):
 
 
 @pytest.mark.slow  # compiles several tiny-code programs
+@pytest.mark.skipif(not os.path.exists("/proc/self/maps"), reason="needs Linux's /proc/self/maps")
+def test_bench_matrix_releases_compiled_programs():
+    """Compiled programs hold memory mappings (a full matrix once ran out of them); release_programs frees them."""
+    import smcsd
+    from bench_matrix import release_programs
+
+    def maps():
+        with open("/proc/self/maps") as f:
+            return sum(1 for _ in f)
+
+    target, draft = smcsd.load("tiny-code")
+    release_programs()
+    before = maps()
+    for K in (2, 3):
+        smcsd.decode(["def f(x):"], target=target, draft=draft, method="sd", num_speculative_tokens=K,
+                     max_new_tokens=4)
+    grown = maps()
+    release_programs()
+    assert grown - before > 100  # two programs' mappings (about 1000 each here)
+    assert maps() - before < (grown - before) / 2
+
+
 def test_bench_matrix_runs_from_the_cli(tmp_path):
     from smcsd.cli import main as cli_main
     cfg = tmp_path / "m.toml"
