@@ -209,7 +209,7 @@ def test_packed_verify_matches_unpacked_and_ar():
     prompts = [[0, 1, 2, 0, 1], [3, 4, 3], [5, 1], [2, 2, 2, 2]]
     kw = dict(target=target, max_new_tokens=12, eos_id=[], num_speculative_tokens=3)
     ref = smcsd.decode(prompts, method="ar", temperature=0.0, max_new_tokens=12, target=target, eos_id=[]).tokens
-    for budget in (2, 4, 7):
+    for budget in (2, 7):  # below one token per row (some rows take plain steps), and most of the batch
         res = smcsd.decode(prompts, draft=d.with_options(token_budget=budget), method="flex", temperature=0.0, **kw)
         assert res.tokens == ref, budget
         cycles = res.stats.num_target_calls / 2
