@@ -335,6 +335,7 @@ def test_bench_matrix_cells_and_config_errors(tmp_path):
     assert mean == pytest.approx(0.5) and lo < 0.5 < hi and hi - lo < 0.25  # SE 0.05: a ~0.2-wide interval
 
 
+@pytest.mark.slow  # default-run budget (26 s in the fresh-clone default lane: loads tiny-code, two compiles)
 @pytest.mark.skipif(not os.path.exists("/proc/self/maps"), reason="needs Linux's /proc/self/maps")
 def test_bench_matrix_releases_compiled_programs():
     """Compiled programs hold memory mappings (a full matrix once ran out of them); release_programs frees them."""
