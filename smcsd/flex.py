@@ -46,22 +46,27 @@ from .engine import is_stop
 from .sd import _State, _finish_cycle, _sample_probs, _take, accept_test, residual
 
 
-def confidence_length(dlq, tau: float):
+def cumulative_confidence(dlq):
+    """log prod_{j<=i} max q_j `[B, K]` of the drafts' log q `[B, K, V]` (non-increasing along a row)."""
+    return jnp.cumsum(jnp.max(dlq, axis=-1), axis=1)
+
+
+def confidence_length(dlq, tau: float, conf=None):
     """Drafts to verify per row `[B]`: L = #{i : prod_{j<=i} max q_j >= tau}, clamped to [1, K] (FlexDraft's cut)."""
     K = dlq.shape[1]
     if not tau:
         return jnp.full(dlq.shape[:1], K, jnp.int32)
-    conf = jnp.cumsum(jnp.max(dlq, axis=-1), axis=1)  # log prod_{j<=i} top-1 probability
+    conf = cumulative_confidence(dlq) if conf is None else conf
     return jnp.clip(jnp.sum(conf >= jnp.log(tau), axis=1), 1, K).astype(jnp.int32)
 
 
-def budget_lengths(dlq, L, live, budget: int):
+def budget_lengths(dlq, L, live, budget: int, conf=None):
     """Ragged verify lengths `[B]` within `budget` drafts across the batch: the top-`budget` (row, position)
     candidates with position < L[row] of live rows, ranked first-draft-first, then by cumulative top-1 confidence
     (earlier positions win ties); each row keeps the prefix of as many drafts as it won. Depends on q only, so
-    verification stays exact whatever it picks."""
+    verification stays exact whatever it picks. `conf`: `cumulative_confidence(dlq)` when already computed."""
     B, K = dlq.shape[:2]
-    conf = jnp.cumsum(jnp.max(dlq, axis=-1), axis=1)  # [B, K], non-increasing along a row
+    conf = cumulative_confidence(dlq) if conf is None else conf
     ok = live[:, None] & (jnp.arange(K)[None, :] < L[:, None])
     score = jnp.where(jnp.arange(K)[None, :] == 0, 1.0, conf)  # log conf <= 0: every first draft ranks first
     score = jnp.where(ok, score, -jnp.inf).reshape(-1)
@@ -176,9 +181,10 @@ def build_flex(target_cfg, drafter, spec: StaticSpec):
                                                    num_valid=live.astype(jnp.int32),
                                                    anchor_positions=(tlen_before - 1)[:, None])
                 x, dlq = next_drafts(k_draft, tp, fp, mh0[:, 0], s.tok, inp.draft_sampling)
-                L = confidence_length(dlq, tau)
+                conf = cumulative_confidence(dlq) if budget is not None else None  # one [B, K, V] pass for both
+                L = confidence_length(dlq, tau, conf)
                 if budget is not None:  # ragged rows packed into one call of `budget` tokens
-                    L = budget_lengths(dlq, L, live, budget)
+                    L = budget_lengths(dlq, L, live, budget, conf)
 
                 def verify_call(w):  # the verify pass over the first w drafts
                     def call(cache):
