@@ -67,8 +67,8 @@ def main(argv=None):
     import cost_model as cm
     h100 = cm.DEVICES["h100"]
     g = args.gpus
-    dev = dataclasses.replace(h100, name=f"{g}×H100 tensor-parallel", bandwidth=g * h100.bandwidth,
-                              flops=g * h100.flops, overhead_s=(args.overhead_us + 2 * args.allreduce_us) * 1e-6)
+    dev = cm.tensor_parallel(dataclasses.replace(h100, overhead_s=args.overhead_us * 1e-6), g, args.allreduce_us * 1e-6)
+    dev = dataclasses.replace(dev, name=f"{g}×H100 tensor-parallel")
     target = llama70b()
     draft = cm._real_configs()["llama3.1-8b+llama3.2-1b"][1][1]
     context = args.prompt_len + args.output_len // 2
