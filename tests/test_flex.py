@@ -216,6 +216,8 @@ def test_packed_verify_matches_unpacked_and_ar():
         assert res.stats.num_draft_tokens <= budget * cycles
     with pytest.raises(ValueError, match="token_budget"):
         d.with_options(token_budget=0)
+    with pytest.raises(ValueError, match="parallel mode does not pack"):
+        d.with_options(mode="parallel", token_budget=8)
 
 
 def test_verify_widths():

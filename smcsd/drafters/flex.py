@@ -54,6 +54,9 @@ class FlexDrafter(Drafter):
                                          or token_budget < 1):
             raise ValueError(f"token_budget (drafts verified per call across the batch) must be an int >= 1 or None, "
                              f"got {token_budget!r}")
+        if token_budget is not None and mode == "parallel":
+            raise ValueError("token_budget packs the sequential mode's verify pass; the parallel mode does not pack "
+                             "(use mode='sequential' or 'auto', or token_budget=None)")
         object.__setattr__(self, "token_budget", token_budget)
         object.__setattr__(self, "mode", mode)
         object.__setattr__(self, "switch_batch", switch_batch)
