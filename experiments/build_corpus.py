@@ -1,0 +1,68 @@
+"""Build (or resume) the self-distillation corpus of a target: its own answers to >= 20k diverse requests, plus
+teacher-forced local text. See `smcsd.train.corpus` for the format and the phases.
+
+    python experiments/build_corpus.py --log experiments/data/corpus/smollm2-135m/build.log &   # background
+    python experiments/build_corpus.py --max-answer-tokens 1500000                               # stop there
+
+Kill it at any time; the same command resumes at the first missing shard and reproduces the uninterrupted corpus.
+The benchmark prompts of experiments/bench_smollm2_pair.py and block_drafters.py are excluded from the pool.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+DEFAULT_OUT = os.path.join(REPO, "experiments", "data", "corpus", "smollm2-135m")
+
+# Benchmark prompts (experiments/bench_smollm2_pair.py, block_drafters.py): never in the corpus.
+BENCH_PROMPTS = [
+    "Describe how a bicycle works.", "What should I pack for a weekend camping trip?",
+    "Write a short poem about autumn leaves.", "Explain why the sky is blue.",
+    "Give me tips for learning a new language.", "Write a Python function that returns the largest element of a list.",
+    "How does a refrigerator keep food cold?", "Write a limerick about a cat who loves boxes.",
+]
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--pair", default="smollm2-135m")
+    ap.add_argument("--out", default=DEFAULT_OUT)
+    ap.add_argument("--batch-size", type=int, default=64)
+    ap.add_argument("--shard-jobs", type=int, default=512)
+    ap.add_argument("--max-new-tokens", type=int, default=192)
+    ap.add_argument("--max-answer-tokens", type=int, default=None, help="stop once the corpus holds this many")
+    ap.add_argument("--max-shards", type=int, default=None, help="stop after this many new shards")
+    ap.add_argument("--text-tokens", type=int, default=3_600_000, help="teacher-forced local text (0: none)")
+    ap.add_argument("--log", default=None, help="also append progress lines to this file")
+    ap.add_argument("--no-progress", action="store_true")
+    args = ap.parse_args(argv)
+
+    import smcsd
+    from smcsd.train.corpus import BuildSettings, build_corpus, build_text_shards
+
+    def log(msg):
+        line = f"[{time.strftime('%Y-%m-%d %H:%M:%S')}] {msg}"
+        print(line, flush=True)
+        if args.log:
+            with open(args.log, "a") as f:
+                f.write(line + "\n")
+
+    os.makedirs(args.out, exist_ok=True)
+    target, _ = smcsd.load(args.pair, dtype="float32")
+    command = "python experiments/build_corpus.py " + " ".join(sys.argv[1:] if argv is None else argv)
+    if args.text_tokens and not os.path.exists(os.path.join(args.out, "text.json")):
+        build_text_shards(target.tokenizer, args.out, max_tokens=args.text_tokens, log=log)
+    settings = BuildSettings(batch_size=args.batch_size, shard_jobs=args.shard_jobs, max_new_tokens=args.max_new_tokens)
+    t0 = time.time()
+    m = build_corpus(target, args.out, settings, exclude=BENCH_PROMPTS, max_shards=args.max_shards,
+                     max_answer_tokens=args.max_answer_tokens, progress=not args.no_progress, command=command, log=log)
+    log(f"done for now: {json.dumps(m['totals'])} (this run {time.time() - t0:.0f} s)")
+
+
+if __name__ == "__main__":
+    main()
