@@ -130,7 +130,9 @@ def _pair_flex(target):
     from models.registry import available_models
     pair = "tiny-code" if target is None else str(getattr(target, "name", "")).split("/")[0]
     if pair in available_models() and "flex" in available_drafters(pair):
-        t, adapters = load_pair(pair, drafter="flex", dtype=None if target is None else target.config.dtype)
+        from models.registry import FETCHABLE  # shipped toys load in their own dtype; fetched ones in the target's
+        dtype = target.config.dtype if target is not None and pair in FETCHABLE else None
+        t, adapters = load_pair(pair, drafter="flex", dtype=dtype)
         return (t if target is None else target), adapters
     raise ValueError("method 'flex' needs FlexDraft adapters for this target and none ship with it: pass "
                      "draft=smcsd.drafters.FlexDrafter (train one with smcsd.train.train_flex), or use a pair that has "

@@ -229,3 +229,12 @@ def test_verify_widths():
     assert int(_width_index(jnp.array([1, 3, 6]), live, widths)) == 2  # max live L = 3 -> width 4
     assert int(_width_index(jnp.array([1, 1, 6]), live, widths)) == 0
     assert int(_width_index(jnp.array([5, 1, 1]), live, widths)) == 3
+
+
+def test_flex_without_draft_uses_the_shipped_pairs_adapters():
+    """A user's first try: the tiny-code target and method='flex' with no draft= (it used to fail in the pair
+    loader with "dtype= applies to fetched models only"); greedy flex is exact, so it must equal ar."""
+    target, _ = smcsd.load("tiny-code")
+    res = smcsd.decode("def f(x):", target=target, method="flex", max_new_tokens=12, temperature=0.0)
+    ref = smcsd.decode("def f(x):", target=target, method="ar", max_new_tokens=12, temperature=0.0)
+    assert res.tokens == ref.tokens
