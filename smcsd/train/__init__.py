@@ -9,7 +9,9 @@
   (tokens, target log-probs top-k or full, hidden states of chosen layers; optional float16 disk cache),
   `check_vocab`.
 - `losses`: CE, forward KL (full / top-k), block-position weights (uniform, DFlash, D-PACE, PARD-2 CAT),
-  SpecBlock's valid-prefix mask, `weighted_mean`.
+  SpecBlock's valid-prefix mask, `weighted_mean`; for SMC proposals reverse KL, Rényi-α (α = 2: log(1 + χ²)) and
+  their mix with forward KL, block-level forms (`block_renyi_mc`, `block_sum`) and the draft-vocabulary floor
+  mixture `floor_mixture_logq`.
 - `loop`: `train` (AdamW, warmup + cosine, clipping, exact orbax resume, tqdm, JSON + PNG curves),
   `export_model`, and the AR-drafter recipe `distill_ar_drafter`.
 - `block`: the block-drafter (DFlash) recipe `train_block_drafter` with DFlash, D-PACE or uniform position
