@@ -510,5 +510,6 @@ def test_training_with_the_smc_loss_resumes_exactly(tmp_path):
     for a, b in zip(jax.tree_util.tree_leaves(full.params), jax.tree_util.tree_leaves(resumed.params)):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
     held = _bigram_batch(10_000)  # a batch the run never saw: the objective went down, so the run trained
-    before, after = (float(_smc_bigram_loss(p, held)[0]) for p in (params, full.params))
+    held_loss = jax.jit(lambda p: _smc_bigram_loss(p, held)[0])
+    before, after = float(held_loss(params)), float(held_loss(full.params))
     assert math.isfinite(after) and after < before - 0.1, (before, after)
