@@ -123,53 +123,18 @@ ASSUMPTIONS = [
 ]
 
 
-# ----------------------------------------------------------------------------------- devices and pairs
+# ----------------------------------------------------------------------------------- the model (smcsd/cost_model.py)
 
-@dataclasses.dataclass(frozen=True)
-class Device:
-    name: str
-    bandwidth: float  # bytes/s
-    flops: float  # FLOP/s
-    overhead_s: float  # fixed overhead per call per (layer + 1): a call of an L-layer model pays (L + 1) x this
-    logits_row_s: float = 0.0  # turning one row's logits into a token (top-k/top-p sort + sample)
-    # Accelerators overlap weight/KV streaming with arithmetic (roofline: max of the two); a CPU core
-    # does one after the other, so there a call costs their sum.
-    overlap: bool = True
-    link_bw: float = 0.0  # device-to-device bytes/s (sd-overlap's transfers between its two groups)
-    link_latency_s: float = 0.0  # per transfer
-
-
-DEVICES = {
-    "h100": Device("H100 SXM (3.35 TB/s, 989 TFLOP/s bf16)", 3.35e12, 989e12, 1e-6, link_bw=450e9,
-                   link_latency_s=10e-6),
-    "tpu-v5e": Device("TPU v5e (819 GB/s, 197 TFLOP/s bf16)", 819e9, 197e12, 1e-6, link_bw=100e9,
-                      link_latency_s=10e-6),
-}
+# The formulas, device presets and real shapes live in the library (smcsd/cost_model.py), which smcsd.device_check
+# measures against and refits; this script re-exports them under the names its callers use.
+from smcsd.cost_model import (DEVICES, DRAFT_BLOCK, DTYPE_BYTES, PAIR_NAMES, Device, call_overhead,  # noqa: E402,F401
+                              call_time, cycle_cost, device_from_dict, expected_tokens, kv_bytes, matmul_params,
+                              real_configs, smollm2_drafter_configs, solve_acceptance, steady_state,
+                              tensor_parallel, weight_bytes)
 
 
 def _real_configs():
-    from models import ModelConfig
-    common = dict(dtype="bfloat16", max_position_embeddings=131072)
-    llama8 = ModelConfig(vocab_size=128256, hidden_size=4096, intermediate_size=14336, num_hidden_layers=32,
-                         num_attention_heads=32, num_key_value_heads=8, head_dim=128, **common)
-    llama1 = ModelConfig(vocab_size=128256, hidden_size=2048, intermediate_size=8192, num_hidden_layers=16,
-                         num_attention_heads=32, num_key_value_heads=8, head_dim=64, tie_word_embeddings=True, **common)
-    qwen8 = ModelConfig(vocab_size=151936, hidden_size=4096, intermediate_size=12288, num_hidden_layers=36,
-                        num_attention_heads=32, num_key_value_heads=8, head_dim=128, qk_norm=True, **common)
-    qwen06 = ModelConfig(vocab_size=151936, hidden_size=1024, intermediate_size=3072, num_hidden_layers=28,
-                         num_attention_heads=16, num_key_value_heads=8, head_dim=128, qk_norm=True,
-                         tie_word_embeddings=True, **common)
-    smol = ModelConfig(vocab_size=49152, hidden_size=576, intermediate_size=1536, num_hidden_layers=30,
-                       num_attention_heads=9, num_key_value_heads=3, head_dim=64, tie_word_embeddings=True,
-                       dtype="bfloat16", max_position_embeddings=8192)
-    block = smol.replace(num_hidden_layers=1)  # the shipped DFlash drafter: one layer at the target's width + head
-    return {"llama3.1-8b+llama3.2-1b": (("Llama-3.1-8B", llama8), ("Llama-3.2-1B", llama1)),
-            "qwen3-8b+qwen3-0.6b": (("Qwen3-8B", qwen8), ("Qwen3-0.6B", qwen06)),
-            "smollm2-135m+dflash": (("SmolLM2-135M", smol), ("dflash-dpace (1 layer, block 16)", block))}
-
-
-PAIR_NAMES = ("llama3.1-8b+llama3.2-1b", "qwen3-8b+qwen3-0.6b", "smollm2-135m+dflash")
-DRAFT_BLOCK = {"smollm2-135m+dflash": 16}  # pairs whose drafter is a block drafter: its block size
+    return real_configs()
 
 
 def _rf():
@@ -180,94 +145,11 @@ def _rf():
     return roofline
 
 
-# ----------------------------------------------------------------------------------- the model
-
-def solve_acceptance(mean_len: float, K: int) -> float:
-    """a with 1 + a + ... + a^K = mean_len (i.i.d. per-token acceptance), by bisection; in [0, 1]."""
-    target = min(max(mean_len, 1.0), K + 1.0)
-    lo, hi = 0.0, 1.0
-    for _ in range(60):
-        mid = 0.5 * (lo + hi)
-        if sum(mid ** k for k in range(K + 1)) < target:
-            lo = mid
-        else:
-            hi = mid
-    return 0.5 * (lo + hi)
-
-
-def expected_tokens(a: float, K: int) -> float:
-    """Expected tokens per speculative cycle, (1 − a^{K+1}) / (1 − a): accepted prefix + correction/bonus."""
-    return K + 1.0 if a >= 1.0 else (1.0 - a ** (K + 1)) / (1.0 - a)
-
-
-def call_overhead(cfg, dev: Device) -> float:
-    """Fixed overhead of one call: (layers + 1) x the device's per-layer overhead (the layer loop, plus
-    the embedding / head / sampling steps counted as one more)."""
-    return (cfg.num_hidden_layers + 1) * dev.overhead_s
-
-
-def call_time(cfg, rows: int, T: int, cache_len: int, dev: Device, logit_rows: int | None = None,
-              prefix: tuple[int, int] | None = None):
-    """(seconds, bound) of one call: max(bytes / bandwidth, FLOPs / peak) + fixed overhead + the logits of
-    `logit_rows` (default rows x T) turned into tokens. `prefix = (requests, prompt_len)`: the first prompt_len
-    slots are a prompt shared by the rows of each request (cascade attention), read once per request; each row
-    reads only its own cache_len − prompt_len slots. Attention FLOPs are the same either way."""
-    rf = _rf()
-    if prefix is None:
-        kv = rf.kv_bytes(cfg, rows, cache_len)
-    else:
-        kv = rf.kv_bytes(cfg, prefix[0], prefix[1]) + rf.kv_bytes(cfg, rows, cache_len - prefix[1])
-    mem = (rf.weight_bytes(cfg, rows, T) + kv) / dev.bandwidth
-    comp = rf.call_flops(cfg, rows, T, cache_len) / dev.flops
-    logit_rows = rows * T if logit_rows is None else logit_rows
-    t = (max(mem, comp) if dev.overlap else mem + comp) + call_overhead(cfg, dev) + logit_rows * dev.logits_row_s
-    return t, ("memory" if mem >= comp else "compute")
-
-
-def cycle_cost(method: str, tcfg, dcfg, B: int, N: int, K: int, cache_len: int, dev: Device, stats: dict,
-               prompt_len: int | None = None, draft_block: int | None = None):
-    """(cycle seconds, tokens per cycle per request, target call s, draft call s, bound) of one cycle/step.
-
-    `prompt_len`: `smc` keeps each request's prompt KV once, shared by its particles (smcsd/smc.py), and
-    resampling gathers the particles' own slots only (cache_len − prompt_len of them). `draft_block`: the drafter
-    is a block drafter (DFlash) of that block size: one call over rows x block tokens per cycle, not K calls."""
-    if method == "ar":
-        t, bound = call_time(tcfg, B, 1, cache_len, dev)
-        return t, 1.0, t, 0.0, bound
-    rows = B if method == "sd" else B * N
-    prefix = (B, prompt_len) if method == "smc" and prompt_len else None
-    if draft_block:
-        td, _ = call_time(dcfg, rows, draft_block, cache_len, dev, logit_rows=rows * K, prefix=prefix)
-        drafting = td
-    else:
-        td, _ = call_time(dcfg, rows, 1, cache_len, dev, prefix=prefix)
-        drafting = K * td
-    tt, bound = call_time(tcfg, rows, K + 1, cache_len, dev, prefix=prefix)
-    cycle = drafting + tt
-    if method == "sd":
-        tokens = expected_tokens(stats["acceptance_sd"], K)
-    elif method == "sd-multi":
-        tokens = expected_tokens(stats["acceptance_sd_multi"], K)
-    elif method == "smc":
-        tokens = K + 1.0
-        rf = _rf()
-        own = cache_len - (prompt_len or 0)  # the particles' own slots (all of them without a shared prefix)
-        gather = 2 * (rf.kv_bytes(tcfg, rows, own) + rf.kv_bytes(dcfg, rows, own)) / dev.bandwidth
-        cycle += (stats.get("resample_rate") or 0.0) * gather
-    else:
-        raise ValueError(f"unknown method {method!r}")
-    return cycle, tokens, tt, td, bound
-
-
 def overlap_pairs():
     """Pairs projected for sd-overlap: (name, config) of target and AR drafter."""
-    from models import ModelConfig
     pairs = {k: v for k, v in _real_configs().items() if k == "llama3.1-8b+llama3.2-1b"}
     smol = _real_configs()["smollm2-135m+dflash"][0]
-    ar = ModelConfig(vocab_size=49152, hidden_size=256, intermediate_size=768, num_hidden_layers=3,
-                     num_attention_heads=4, num_key_value_heads=2, head_dim=64, tie_word_embeddings=True,
-                     dtype="bfloat16", max_position_embeddings=8192)  # the shipped ar-distilled drafter
-    pairs["smollm2-135m+ar-distilled"] = (smol, ("ar-distilled (3 layers, width 256)", ar))
+    pairs["smollm2-135m+ar-distilled"] = (smol, smollm2_drafter_configs()["ar"])  # the shipped ar-distilled drafter
     return pairs
 
 
@@ -325,14 +207,13 @@ def flex_cycle_times(cfg, B: int, K: int, group: int, adapter_layers: int, calib
     for clean tokens and ignored for masks (they attend to their anchor's context: the same order).
     `with_bound`: also the bound of each mode ("memory" | "compute": of its one call, or of the sequential mode's
     verify call), as ((parallel s, bound), (sequential s, bound))."""
-    rf = _rf()
     L, H, V = cfg.num_hidden_layers, cfg.hidden_size, cfg.vocab_size
     head = V * H
-    per_layer = (rf.matmul_params(cfg) - head) / L
+    per_layer = (matmul_params(cfg) - head) / L
     calib = 2 * H * calib_hidden + calib_hidden * V
-    b = _DTYPE_BYTES_CM.get(cfg.dtype, 2)
-    weights = rf.weight_bytes(cfg, B, K + 1) + adapter_layers * 4 * H * H * b + calib * b
-    kv = rf.kv_bytes(cfg, B, cache_len)
+    b = DTYPE_BYTES.get(cfg.dtype, 2)
+    weights = weight_bytes(cfg, B, K + 1) + adapter_layers * 4 * H * H * b + calib * b
+    kv = kv_bytes(cfg, B, cache_len)
 
     def call(token_layers, head_rows, clean_tokens, calib_rows):
         flops = 2 * B * (per_layer * token_layers + head * head_rows + calib * calib_rows)
@@ -350,9 +231,6 @@ def flex_cycle_times(cfg, B: int, K: int, group: int, adapter_layers: int, calib
     return parallel, sequential
 
 
-_DTYPE_BYTES_CM = {"float32": 4, "bfloat16": 2, "float16": 2}
-
-
 def flex_switch_point(cfg, K: int, group: int, adapter_layers: int, calib_hidden: int, cache_len: int, dev: Device,
                       max_batch: int = 4096) -> int | None:
     """Smallest batch at which `flex`'s sequential mode is faster than its parallel mode on `dev` (None: never up to
@@ -364,24 +242,6 @@ def flex_switch_point(cfg, K: int, group: int, adapter_layers: int, calib_hidden
             return B
         B *= 2
     return None
-
-
-def tensor_parallel(dev: Device, chips: int, allreduce_s: float) -> Device:
-    """`dev` x `chips` in tensor parallel (experiments/paper_check.py's 4xH100): the chips' summed HBM bandwidth and
-    FLOP rate, and per layer the fixed overhead plus two all-reduces (after attention and after the MLP) of
-    `allreduce_s` each. One chip: `dev` unchanged."""
-    if chips <= 1:
-        return dev
-    return dataclasses.replace(dev, name=f"{chips}x {dev.name} tensor-parallel", bandwidth=chips * dev.bandwidth,
-                               flops=chips * dev.flops, overhead_s=dev.overhead_s + 2 * allreduce_s)
-
-
-def steady_state(method, tcfg, dcfg, B, N, K, context, dev, stats, prompt_len=None, draft_block=None) -> dict:
-    cache_len = context + K + 1
-    cycle, tokens, tt, td, bound = cycle_cost(method, tcfg, dcfg, B, N, K, cache_len, dev, stats, prompt_len,
-                                              draft_block)
-    return {"tokens_per_cycle": tokens, "cycle_s": cycle, "target_call_s": tt, "draft_call_s": td, "bound": bound,
-            "tokens_per_s": B * tokens / cycle}
 
 
 def whole_decode_time(method, tcfg, dcfg, B, N, K, prompt_len, cache_len, M, dev, stats) -> float:

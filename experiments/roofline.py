@@ -68,42 +68,12 @@ BANDWIDTH_FIELDS = ("array_mib", "repeats", "jax_reduce_gbs", "jax_reduce_rows_g
 ROW_FIELDS = ("label", "kind", "model", "rows", "tokens_per_row", "cache_len", "bytes", "flops", "time_s",
               "time_runs_s", "achieved_gbs", "roofline_time_s", "fraction_of_roofline", "achieved_gflops")
 
-_DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
-
 
 # ----------------------------------------------------------------------------------- the bytes / FLOPs model
 
-def kv_bytes(cfg, rows: int, cache_len: int) -> int:
-    """KV bytes attended by one call: rows × cache_len × layers × 2 (k, v) × kv_heads × head_dim × dtype bytes."""
-    per_slot = cfg.num_hidden_layers * 2 * cfg.num_key_value_heads * cfg.head_dim * _DTYPE_BYTES[cfg.dtype]
-    return rows * cache_len * per_slot
-
-
-def weight_bytes(cfg, rows: int = 1, tokens_per_row: int = 1) -> int:
-    """Weight bytes one call reads: all params except the untied input-embedding table, of which only
-    the rows × T gathered rows are read."""
-    b = _DTYPE_BYTES[cfg.dtype]
-    total = cfg.num_params * b
-    if not cfg.tie_word_embeddings:
-        total -= cfg.vocab_size * cfg.hidden_size * b
-        total += min(rows * tokens_per_row, cfg.vocab_size) * cfg.hidden_size * b
-    return int(total)
-
-
-def call_bytes(cfg, rows: int, tokens_per_row: int, cache_len: int) -> int:
-    return weight_bytes(cfg, rows, tokens_per_row) + kv_bytes(cfg, rows, cache_len)
-
-
-def matmul_params(cfg) -> int:
-    """Params that take part in a matmul per token: everything but the input embedding and the norms
-    (the LM head is a matmul, also when tied)."""
-    return cfg.num_params - (0 if cfg.tie_word_embeddings else cfg.vocab_size * cfg.hidden_size)
-
-
-def call_flops(cfg, rows: int, tokens_per_row: int, cache_len: int) -> int:
-    tokens = rows * tokens_per_row
-    attn = 4 * tokens * cache_len * cfg.num_attention_heads * cfg.head_dim * cfg.num_hidden_layers
-    return int(2 * matmul_params(cfg) * tokens + attn)
+# kv_bytes, weight_bytes, call_bytes, matmul_params, call_flops: the library's cost model (smcsd/cost_model.py).
+from smcsd.cost_model import DTYPE_BYTES as _DTYPE_BYTES  # noqa: E402
+from smcsd.cost_model import call_bytes, call_flops, kv_bytes, matmul_params, weight_bytes  # noqa: E402,F401
 
 
 # ----------------------------------------------------------------------------------- timing helpers
