@@ -13,7 +13,9 @@
   their mix with forward KL, block-level forms (`block_renyi_mc`, `block_sum`) and the draft-vocabulary floor
   mixture `floor_mixture_logq`.
 - `loop`: `train` (AdamW, warmup + cosine, clipping, exact orbax resume, tqdm, JSON + PNG curves),
-  `export_model`, and the AR-drafter recipe `distill_ar_drafter`.
+  `export_model`, and the AR-drafter recipe `distill_ar_drafter`; `placement(mesh)` -> `Placement`, the device-mesh
+  layout every recipe's `mesh=` uses (rows over "data", the frozen target over "model", the drafter replicated;
+  docs/training_at_scale.md).
 - `block`: the block-drafter (DFlash) recipe `train_block_drafter` with DFlash, D-PACE or uniform position
   weights over many anchored blocks per sequence in one pass.
 - `local`: DeLS-Spec's local head `train_local_head` (next-token CE over short windows; target and block drafter
@@ -29,13 +31,13 @@ from .local import train_local_head
 from .specblock import train_rank_head, train_specblock
 from .flex import train_flex
 from .data import TeacherStream, TextCorpus, check_vocab, params_fingerprint, read_texts
-from .loop import (TrainResult, ar_distill_loss, checkpoint_manager, distill_ar_drafter, draft_config_for,
-                   export_model, flatten_params, make_optimizer, restore_checkpoint, save_checkpoint, save_curves,
-                   train)
+from .loop import (Placement, TrainResult, ar_distill_loss, checkpoint_manager, distill_ar_drafter, draft_config_for,
+                   export_model, flatten_params, make_optimizer, placement, restore_checkpoint, save_checkpoint,
+                   save_curves, train)
 
 __all__ = [
-    "TeacherStream", "TextCorpus", "TrainResult", "ar_distill_loss", "check_vocab", "checkpoint_manager",
+    "Placement", "TeacherStream", "TextCorpus", "TrainResult", "ar_distill_loss", "check_vocab", "checkpoint_manager",
     "distill_ar_drafter", "draft_config_for", "export_model", "flatten_params", "losses", "make_optimizer",
-    "params_fingerprint", "read_texts", "restore_checkpoint", "save_checkpoint", "save_curves", "train",
+    "params_fingerprint", "placement", "read_texts", "restore_checkpoint", "save_checkpoint", "save_curves", "train",
     "train_block_drafter", "train_flex", "train_local_head", "train_rank_head", "train_specblock",
 ]

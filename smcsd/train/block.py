@@ -31,7 +31,7 @@ import numpy as np
 
 from ..drafters.block import BlockConfig, BlockDrafter, BlockNet, _embed_block, _logits
 from .data import TeacherStream, TextCorpus
-from .loop import TrainResult, train, training_info
+from .loop import TrainResult, placement, train, training_info
 from .losses import dflash_gamma, dpace_weights, token_cross_entropy, token_forward_kl_topk
 
 __all__ = ["WEIGHTINGS", "block_loss", "block_train_logits", "sample_anchors", "sample_prefix_lengths",
@@ -171,7 +171,7 @@ def train_block_drafter(target, drafter: BlockDrafter, corpus: TextCorpus | Teac
                         export_dtype: str = "float32", eval_every: int = 100, ckpt_every: int = 100,
                         eval_rows: int | None = 64, progress: bool = True, stop_after: int | None = None,
                         curves_path: str | None = None, command: str | None = None,
-                        prefix_decay: float | None = None) -> TrainResult:
+                        prefix_decay: float | None = None, mesh=None) -> TrainResult:
     """Train `drafter` (a `BlockDrafter`, e.g. `BlockDrafter.create(target)`) for `target` on `corpus` with the
     DFlash (`weighting="dflash"`), D-PACE (`"dpace"`) or uniform per-position weights (module docstring).
 
@@ -181,13 +181,17 @@ def train_block_drafter(target, drafter: BlockDrafter, corpus: TextCorpus | Teac
     Held-out metrics every `eval_every` steps: ce, accept (mean α over positions,
     top-k lower bound) and accept_len (expected accepted length at K = B−1). out: `drafter.save` directory with
     `training.json` (settings, final metrics, wall time, command) once the run finishes.
+    mesh: a ("data", "model") device mesh (`smcsd.train.loop.placement`): rows over "data", the teacher's target and
+    the shared embedding / LM head over "model", the drafter replicated; under `jax.distributed` every process
+    calls this with the same arguments.
     """
     if not isinstance(drafter, BlockDrafter):
         raise TypeError(f"drafter must be a BlockDrafter, got {type(drafter).__name__}")
+    pl = placement(mesh)
     drafter = drafter.bind(target)
     config = drafter.block_config
     stream = corpus if isinstance(corpus, TeacherStream) else TeacherStream(
-        target, corpus, topk=topk, layers=config.target_layers, cache_dir=cache_dir)
+        target, corpus, topk=topk, layers=config.target_layers, cache_dir=cache_dir, mesh=pl.mesh)
     if tuple(stream.layers) != config.target_layers:
         raise ValueError(f"the teacher stream carries target layers {stream.layers}, the drafter reads "
                          f"{config.target_layers}")
@@ -196,16 +200,18 @@ def train_block_drafter(target, drafter: BlockDrafter, corpus: TextCorpus | Teac
     corpus = stream.corpus
     T, B = corpus.seq_len, config.block_size
     sample_anchors(seed, 0, 1, T, num_anchors)  # validates num_anchors against seq_len
+    pl.check_rows(corpus.batch_size)
+    rows, n = pl.local_rows(corpus.batch_size), corpus.batch_size
     pad = getattr(target.config, "pad_token_id", None)
     loss_fn = block_loss(config, weighting, None if gamma is None else float(gamma), float(dpace_a),
                          float(ce_weight), float(kl_weight), pad)
-    shared = drafter.shared
+    shared = pl.shard_frozen(drafter.shared, target.config)
 
-    def batches(step):
-        b = dict(stream.batch(step))
-        b["anchors"] = sample_anchors(seed, step, len(b["tokens"]), T, num_anchors)
+    def batches(step):  # this process's rows; anchors drawn for the whole batch, so any mesh sees the same ones
+        b = dict(stream.batch(step, rows))
+        b["anchors"] = sample_anchors(seed, step, n, T, num_anchors)[rows]
         if prefix_decay is not None:
-            b["prefix_len"] = sample_prefix_lengths(seed, step, b["anchors"].shape, B, prefix_decay)
+            b["prefix_len"] = sample_prefix_lengths(seed, step, (n, num_anchors), B, prefix_decay)[rows]
         if not kl_weight:
             b.pop("topk_ids", None), b.pop("topk_logp", None)
         return {**b, **shared}
@@ -218,7 +224,7 @@ def train_block_drafter(target, drafter: BlockDrafter, corpus: TextCorpus | Teac
             b = {**b, "anchors": sample_anchors(10_000 + seed, i, len(b["tokens"]), T, num_anchors), **shared}
             if prefix_decay is not None:
                 b["prefix_len"] = sample_prefix_lengths(10_000 + seed, i, b["anchors"].shape, B, prefix_decay)
-            r = [np.asarray(x, np.float64) for x in ev_prog(p, jax.tree_util.tree_map(jnp.asarray, b))]
+            r = [np.asarray(x, np.float64) for x in pl.to_host(ev_prog(p, pl.shard_global(b)))]
             tot = r if tot is None else [x + y for x, y in zip(tot, r)]
         ce_sum, n, a_sum, a_n, len_sum, blocks = tot
         per_pos = a_sum / np.maximum(a_n, 1)
@@ -238,11 +244,11 @@ def train_block_drafter(target, drafter: BlockDrafter, corpus: TextCorpus | Teac
                 weight_decay=weight_decay, ckpt_dir=ckpt_dir, resume=resume, overwrite=overwrite,
                 eval_fn=eval_fn if len(corpus.heldout_rows) else None, eval_every=eval_every,
                 ckpt_every=ckpt_every, progress=progress, stop_after=stop_after, curves_path=curves_path,
-                meta=meta, desc=f"{weighting} block drafter for {name}", command=command)
+                meta=meta, desc=f"{weighting} block drafter for {name}", command=command, mesh=pl)
     h = res.history
     if out and h["finished"]:
         info = training_info("train_block_drafter", name, stream, res, steps, export_dtype, weighting=weighting, prefix_decay=prefix_decay,
                              this_process_s=round(time.time() - t0, 1),
                              budget={"blocks_seen": steps * corpus.batch_size * num_anchors})
-        BlockDrafter(config, res.params, name=drafter.name).save(out, export_dtype, info)
+        pl.on_lead(lambda: BlockDrafter(config, res.params, name=drafter.name).save(out, export_dtype, info))
     return res

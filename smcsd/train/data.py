@@ -13,7 +13,11 @@
   depend on (target config and params, corpus rows, seq_len, k, layers), so a second epoch or a
   resumed run reads them back instead of running the target again. With a cache, every batch is
   served from the stored float16 values (also the first time), so computed and re-read batches are
-  bitwise equal and a resume stays exact.
+  bitwise equal and a resume stays exact. With `mesh` (a training run's `("data", "model")` mesh) the
+  target runs on *this process's own devices*, weights split over "model" as for decoding and rows over
+  the process's data indices, for the rows this process feeds (`batch(step, rows)`): under
+  `jax.distributed` each process computes (and caches) the teacher for its own rows, with no collective
+  across processes, so processes need not compute in lockstep.
 - `check_vocab`: a drafter must share its target's vocabulary.
 """
 
@@ -32,7 +36,8 @@ import numpy as np
 
 from models import ModelConfig, forward_full
 
-__all__ = ["DEFAULT_EXTENSIONS", "TeacherStream", "TextCorpus", "check_vocab", "params_fingerprint", "read_texts"]
+__all__ = ["DEFAULT_EXTENSIONS", "TeacherStream", "TextCorpus", "check_vocab", "params_fingerprint", "read_texts",
+           "teacher_mesh"]
 
 DEFAULT_EXTENSIONS = (".txt", ".md", ".rst", ".py")
 _CACHE_VERSION = 1
@@ -177,19 +182,28 @@ def check_vocab(target, drafter_config) -> None:
                          f"must share its target's vocabulary (set the drafter's vocab_size={vt})")
 
 
+def _host(x) -> np.ndarray:
+    """numpy value of a leaf; a global array split across processes is gathered first."""
+    if isinstance(x, jax.Array) and not (x.is_fully_addressable or x.is_fully_replicated):
+        from jax.experimental import multihost_utils
+        return np.asarray(multihost_utils.process_allgather(x, tiled=True))
+    return np.asarray(x)
+
+
 def params_fingerprint(params) -> str:
     """A hash of every leaf (path, dtype, shape, bytes) of a params pytree."""
     h = hashlib.blake2b(digest_size=16)
     for path, leaf in jax.tree_util.tree_flatten_with_path(params)[0]:
-        a = np.ascontiguousarray(np.asarray(leaf))
+        a = np.ascontiguousarray(_host(leaf))
         h.update(f"{jax.tree_util.keystr(path)}|{a.dtype}|{a.shape}".encode())
         h.update(a.view(np.uint8).data)
     return h.hexdigest()
 
 
 @functools.lru_cache(maxsize=8)
-def _teacher_program(config: ModelConfig, topk: int | None, layers: tuple[int, ...]):
-    """jit(params, tokens[B, T]) -> {"logp"} or {"topk_ids", "topk_logp"}, plus {"hidden"} when layers are given."""
+def _teacher_program(config: ModelConfig, topk: int | None, layers: tuple[int, ...], mesh=None):
+    """jit(params, tokens[B, T]) -> {"logp"} or {"topk_ids", "topk_logp"}, plus {"hidden"} when layers are given.
+    With `mesh` (a process-local teacher mesh) the outputs come back split by rows over "data"."""
     def run(params, tokens):
         if layers:
             logits, hidden = forward_full(config, params, tokens, hidden_layers=layers)
@@ -206,7 +220,47 @@ def _teacher_program(config: ModelConfig, topk: int | None, layers: tuple[int, .
             L, B, T, D = hidden.shape
             out["hidden"] = jnp.transpose(hidden, (1, 2, 0, 3)).reshape(B, T, L * D).astype(jnp.float32)
         return out
-    return jax.jit(run)
+    if mesh is None:
+        return jax.jit(run)
+    from jax.sharding import NamedSharding, PartitionSpec as P
+    return jax.jit(run, out_shardings=NamedSharding(mesh, P("data")))
+
+
+def teacher_mesh(mesh):
+    """The devices of `mesh` on this process, as a ("data", "model") mesh the teacher runs on: this process's data
+    indices x the whole model axis when each of its model groups lies on this process (the usual layout: tensor
+    parallelism inside a host, data parallelism across hosts), else all its devices on "model"."""
+    from jax.sharding import Mesh
+    names = list(mesh.axis_names)
+    devs = np.moveaxis(mesh.devices, [names.index("data"), names.index("model")], [0, 1])
+    devs = devs.reshape(devs.shape[0], devs.shape[1])
+    me = jax.process_index()
+    mine = [d for d in range(devs.shape[0]) if any(x.process_index == me for x in devs[d])]
+    if all(x.process_index == me for d in mine for x in devs[d]):
+        local = devs[mine]
+    else:
+        local = np.asarray([x for x in mesh.devices.flat if x.process_index == me], object).reshape(1, -1)
+    return Mesh(local, ("data", "model"))
+
+
+def _localize(params, config: ModelConfig, mesh):
+    """The target's params on the process-local teacher mesh (decoding layout over its "model" axis). A global
+    array already in that layout is rebuilt from this process's shards (no transfer)."""
+    from jax.sharding import NamedSharding, PartitionSpec as P
+
+    from models.sharding import axis_size, param_specs, put
+    specs = param_specs(params, axis_size(mesh, "model"), config)
+
+    def place(x, spec):
+        sh = NamedSharding(mesh, spec)
+        if isinstance(x, jax.Array) and not x.is_fully_addressable:
+            by_dev = {s.device: s.data for s in x.addressable_shards}
+            idx = sh.addressable_devices_indices_map(x.shape)
+            if all(d in by_dev and by_dev[d].shape == sh.shard_shape(x.shape) for d in idx):
+                return jax.make_array_from_single_device_arrays(x.shape, sh, [by_dev[d] for d in idx])
+            x = _host(x)
+        return put(x, sh)
+    return jax.tree_util.tree_map(place, params, specs, is_leaf=lambda s: isinstance(s, P))
 
 
 class TeacherStream:
@@ -218,14 +272,25 @@ class TeacherStream:
     `hidden [B, T, len(layers) * D]` (layer-major: features of layers[0] first). cache_dir: store the
     outputs as float16 `.npy` shards of `shard_rows` rows (default 4 × batch_size, at most ~64 MB) under
     `cache_dir/<key>/`, computed lazily the first time a row is needed and re-read afterwards (see the
-    module docstring).
+    module docstring). mesh: a training run's ("data", "model") mesh: the target then runs on this process's
+    devices of it (`teacher_mesh`), weights split over "model", for the rows `batch(step, rows)` asks for; the
+    outputs equal the single-device ones up to float reduction order. None: one device. When several processes
+    feed different rows, `shard_rows` defaults to 1, so each process computes (and caches) only its own rows
+    (larger shards mean fewer files but rows computed by whichever process first needs them, some twice).
     """
 
     def __init__(self, target, corpus: TextCorpus, *, topk: int | None = 32, layers: Sequence[int] = (),
-                 cache_dir: str | None = None, shard_rows: int | None = None):
+                 cache_dir: str | None = None, shard_rows: int | None = None, mesh=None):
         self.config: ModelConfig = _config_of(target)
         self.params = target.params
         self.corpus = corpus
+        self.mesh = None
+        split = False  # other processes feed other rows of each batch
+        if mesh is not None:
+            from ..mesh import check_mesh
+            mesh = check_mesh(mesh)
+            self.mesh = teacher_mesh(mesh)
+            split = self.mesh.devices.shape[0] < dict(mesh.shape)["data"] and jax.process_count() > 1
         V = self.config.vocab_size
         if topk is not None and topk != 0 and not (isinstance(topk, int) and 1 <= topk <= V):
             raise ValueError(f"topk must be an int in [1, vocab_size={V}] or None/0 for full log-probs, got {topk!r}")
@@ -238,12 +303,15 @@ class TeacherStream:
         if corpus.seq_len > self.config.max_position_embeddings:
             raise ValueError(f"seq_len {corpus.seq_len} exceeds the target's max_position_embeddings "
                              f"{self.config.max_position_embeddings}")
-        self._program = _teacher_program(self.config, self.topk, self.layers)
+        self._program = _teacher_program(self.config, self.topk, self.layers, self.mesh)
+        self._run_params = self.params if self.mesh is None else _localize(self.params, self.config, self.mesh)
         self.cache_dir = None
         if cache_dir is not None:
             per_row = corpus.seq_len * 2 * ((2 * self.topk if self.topk else V) + len(self.layers) * self.config.hidden_size)
-            # small shards: a batch draws rows from up to batch_size shards, each computed whole on first use
-            self.shard_rows = int(shard_rows or max(1, min(4 * corpus.batch_size, (64 << 20) // max(per_row, 1))))
+            # small shards: a batch draws rows from up to batch_size shards, each computed whole on first use; with
+            # several processes feeding different rows, one row per shard: each computes exactly its own rows
+            self.shard_rows = int(shard_rows or (1 if split else
+                                                 max(1, min(4 * corpus.batch_size, (64 << 20) // max(per_row, 1)))))
             self.key = self._cache_key()
             self.cache_dir = os.path.join(cache_dir, self.key)
             os.makedirs(self.cache_dir, exist_ok=True)
@@ -283,6 +351,9 @@ class TeacherStream:
     def compute(self, tokens: np.ndarray) -> dict[str, np.ndarray]:
         """Run the target on `tokens [n, T]` in chunks of the corpus batch size (padded to one shape)."""
         B = self.corpus.batch_size
+        if self.mesh is not None:  # a whole number of rows per local data index
+            d = self.mesh.devices.shape[0]
+            B = -(-B // d) * d
         n = len(tokens)
         outs = []
         for i in range(0, n, B):
@@ -290,7 +361,12 @@ class TeacherStream:
             m = len(chunk)
             if m < B:  # pad with copies of the first row: one compiled shape for every chunk
                 chunk = np.concatenate([chunk, np.broadcast_to(chunk[:1], (B - m,) + chunk.shape[1:])])
-            res = self._program(self.params, jnp.asarray(chunk, jnp.int32))
+            if self.mesh is None:
+                res = self._program(self.params, jnp.asarray(chunk, jnp.int32))
+            else:
+                from jax.sharding import NamedSharding, PartitionSpec as P
+                toks = jax.device_put(np.asarray(chunk, np.int32), NamedSharding(self.mesh, P("data")))
+                res = self._program(self._run_params, toks)
             outs.append({k: np.asarray(v)[:m] for k, v in res.items()})
         return {k: np.concatenate([o[k] for o in outs]) for k in self.fields}
 
@@ -341,9 +417,11 @@ class TeacherStream:
         return {k: np.load(p, mmap_mode="r") for k, p in paths.items()}
 
     # -- batches ----------------------------------------------------------------------------------------
-    def batch(self, step: int) -> dict[str, np.ndarray]:
-        """The training batch of `step`: tokens and the teacher's arrays (numpy; float32 / int32)."""
-        return self._rows("train", self.corpus.train_indices(step))
+    def batch(self, step: int, rows: np.ndarray | None = None) -> dict[str, np.ndarray]:
+        """The training batch of `step`: tokens and the teacher's arrays (numpy; float32 / int32). rows: only
+        these rows of it (indices into the batch, e.g. `Placement.local_rows(batch_size)`: a process's share)."""
+        indices = self.corpus.train_indices(step)
+        return self._rows("train", indices if rows is None else indices[np.asarray(rows)])
 
     __call__ = batch
 

@@ -27,7 +27,7 @@ from models.flex import FlexConfig, draft_logits, forward_flex
 from ..drafters.flex import FlexDrafter
 from .block import sample_anchors
 from .data import TeacherStream, TextCorpus
-from .loop import train, training_info
+from .loop import placement, train, training_info
 from .losses import token_cross_entropy, token_forward_kl_topk
 
 __all__ = ["flex_loss", "flex_train_logits", "train_flex", "without_calibration"]
@@ -94,38 +94,44 @@ def train_flex(target, drafter: FlexDrafter, corpus: TextCorpus | TeacherStream,
                cache_dir: str | None = None, ckpt_dir: str | None = None, resume: bool = False,
                overwrite: bool = False, out: str | None = None, export_dtype: str = "float32", eval_every: int = 100,
                ckpt_every: int = 100, eval_rows: int | None = 32, progress: bool = True,
-               stop_after: int | None = None, curves_path: str | None = None, command: str | None = None):
+               stop_after: int | None = None, curves_path: str | None = None, command: str | None = None,
+               mesh=None):
     """Train `drafter`'s adapters, mask vector and calibration MLP for `target` (frozen) on `corpus` (module
-    docstring). Returns `(TrainResult, trained FlexDrafter)`; `out`: its `save` directory with training.json."""
+    docstring). Returns `(TrainResult, trained FlexDrafter)`; `out`: its `save` directory with training.json.
+    mesh: a ("data", "model") device mesh (`smcsd.train.loop.placement`): rows over "data", the frozen target (it
+    runs inside every step here) over "model" in the decoding layout, the adapters replicated."""
     if not isinstance(drafter, FlexDrafter):
         raise TypeError(f"drafter must be a FlexDrafter, got {type(drafter).__name__}")
+    pl = placement(mesh)
     drafter = drafter.bind(target)
     fc, config = drafter.flex_config, target.config
     stream = corpus if isinstance(corpus, TeacherStream) else TeacherStream(target, corpus, topk=topk,
-                                                                           cache_dir=cache_dir)
+                                                                           cache_dir=cache_dir, mesh=pl.mesh)
     if not stream.topk:
         raise ValueError("train_flex needs a top-k teacher stream (topk >= 1): its loss is a KL to the target")
     corpus = stream.corpus
     T = corpus.seq_len
     sample_anchors(seed, 0, 1, T, num_anchors)
+    pl.check_rows(corpus.batch_size)
+    rows, n = pl.local_rows(corpus.batch_size), corpus.batch_size
     loss_fn = flex_loss(config, fc, float(kl_weight), float(ce_weight))
-    tp = target.params
+    tp = pl.shard_frozen(target.params, config)
 
-    def batches(step):
-        b = dict(stream.batch(step))
+    def batches(step):  # this process's rows; anchors drawn for the whole batch
+        b = dict(stream.batch(step, rows))
         b.pop("hidden", None)
-        return {**b, "anchors": sample_anchors(seed, step, len(b["tokens"]), T, num_anchors), "target": tp}
+        return {**b, "anchors": sample_anchors(seed, step, n, T, num_anchors)[rows], "target": tp}
 
     ev = _eval_program(config, fc)
 
     def eval_fn(p):
         out = {}
-        for params, tag in ((p, ""), (without_calibration(p), "_nocal")):
+        for params, tag in ((p, ""), (pl.replicate(without_calibration(p)), "_nocal")):
             a_sum = n = lens = blocks = 0.0
             for i, b in enumerate(stream.eval_batches(eval_rows)):
                 b = {**b, "anchors": sample_anchors(10_000 + seed, i, len(b["tokens"]), T, num_anchors), "target": tp}
                 b.pop("hidden", None)
-                r = [np.asarray(x, np.float64) for x in ev(params, jax.tree_util.tree_map(jnp.asarray, b))]
+                r = [np.asarray(x, np.float64) for x in pl.to_host(ev(params, pl.shard_global(b)))]
                 a_sum, n, lens, blocks = a_sum + r[0], n + r[1], lens + float(r[2]), blocks + float(r[3])
             alpha = a_sum / np.maximum(n, 1)
             out[f"accept_pos1{tag}"] = float(alpha[0])
@@ -140,10 +146,10 @@ def train_flex(target, drafter: FlexDrafter, corpus: TextCorpus | TeacherStream,
                 weight_decay=weight_decay, ckpt_dir=ckpt_dir, resume=resume, overwrite=overwrite,
                 eval_fn=eval_fn if len(corpus.heldout_rows) else None, eval_every=eval_every, ckpt_every=ckpt_every,
                 progress=progress, stop_after=stop_after, curves_path=curves_path, meta=meta,
-                desc=f"flex adapters for {getattr(target, 'name', 'target')}", command=command)
+                desc=f"flex adapters for {getattr(target, 'name', 'target')}", command=command, mesh=pl)
     trained = drafter.with_params(res.params)
     if out and res.history["finished"]:
         info = training_info("train_flex", getattr(target, "name", "target"), stream, res, steps, export_dtype,
                              this_process_s=round(time.time() - t0, 1))
-        trained.save(out, export_dtype, info)
+        pl.on_lead(lambda: trained.save(out, export_dtype, info))
     return res, trained

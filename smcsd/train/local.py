@@ -20,7 +20,7 @@ import numpy as np
 
 from ..drafters.local import LocalHead, local_logits, run_gru, unigram_log_prior
 from .data import TextCorpus, params_fingerprint
-from .loop import train
+from .loop import placement, train
 
 __all__ = ["local_head_loss", "local_windows", "train_local_head"]
 
@@ -55,11 +55,14 @@ def train_local_head(target, head: LocalHead, corpus: TextCorpus, *, steps: int,
                      ckpt_dir: str | None = None, resume: bool = False, overwrite: bool = False, out: str | None = None,
                      export_dtype: str = "float32", eval_every: int = 100, ckpt_every: int = 100,
                      eval_rows: int | None = 64, progress: bool = True, stop_after: int | None = None,
-                     curves_path: str | None = None, command: str | None = None, info: dict | None = None):
+                     curves_path: str | None = None, command: str | None = None, info: dict | None = None,
+                     mesh=None):
     """Train `head` (e.g. `LocalHead.create(target)`) on `corpus` (a `TextCorpus` in the target's tokenizer) for
     `steps` steps of `corpus.batch_size` rows. Returns `(TrainResult, LocalHead)` — the head carries the corpus's
     unigram log-prior. out: `LocalHead.save` directory with `training.json` once the run finishes (`info` is merged
-    into it, e.g. the block drafter it is meant for)."""
+    into it, e.g. the block drafter it is meant for). mesh: a ("data", "model") device mesh
+    (`smcsd.train.loop.placement`): corpus rows (and their windows) over "data", the head replicated; no target
+    runs here, so nothing is split over "model"."""
     if not isinstance(head, LocalHead):
         raise TypeError(f"head must be a LocalHead, got {type(head).__name__}")
     if not isinstance(corpus, TextCorpus):
@@ -69,13 +72,16 @@ def train_local_head(target, head: LocalHead, corpus: TextCorpus, *, steps: int,
     head.check_target(target.config)
     if corpus.seq_len < depth + 1:
         raise ValueError(f"corpus.seq_len = {corpus.seq_len} is shorter than one window (depth + 1 = {depth + 1})")
-    embed = np.asarray(target.params["embed_tokens"]["embedding"], np.float32)
+    pl = placement(mesh)
+    pl.check_rows(corpus.batch_size)
+    rows = pl.local_rows(corpus.batch_size)
+    embed = np.asarray(pl.to_host(target.params["embed_tokens"]["embedding"]), np.float32)
     prior = unigram_log_prior(corpus.train_rows, head.config.vocab_size)
     head = LocalHead(head.config, head.params, prior, head.name)
 
-    def batches(step):
+    def batches(step):  # this process's rows' windows (row-major: a row's windows stay in its data block)
         offset = int(np.random.default_rng([seed, step, 0x10CA1]).integers(0, depth + 1))
-        return _batch(embed, local_windows(corpus.batch(step), depth, min(offset, corpus.seq_len - depth - 1)))
+        return _batch(embed, local_windows(corpus.batch(step)[rows], depth, min(offset, corpus.seq_len - depth - 1)))
 
     ev = jax.jit(lambda p, b: local_head_loss(p, b)[1])
 
@@ -83,7 +89,7 @@ def train_local_head(target, head: LocalHead, corpus: TextCorpus, *, steps: int,
         idx = corpus.heldout_indices(eval_rows)
         ce = acc = 0.0
         for i in idx:
-            m = ev(p, _batch(embed, local_windows(corpus.heldout_rows[i], depth, 0)))
+            m = pl.to_host(ev(p, pl.shard_global(_batch(embed, local_windows(corpus.heldout_rows[i], depth, 0)))))
             ce, acc = ce + float(m["ce"]), acc + float(m["acc"])
         return {"heldout_ce": ce / len(idx), "heldout_acc": acc / len(idx)}
 
@@ -95,7 +101,7 @@ def train_local_head(target, head: LocalHead, corpus: TextCorpus, *, steps: int,
                 weight_decay=weight_decay, ckpt_dir=ckpt_dir, resume=resume, overwrite=overwrite,
                 eval_fn=eval_fn if len(corpus.heldout_rows) else None, eval_every=eval_every, ckpt_every=ckpt_every,
                 progress=progress, stop_after=stop_after, curves_path=curves_path, meta=meta,
-                desc=f"local head for {getattr(target, 'name', 'target')}", command=command)
+                desc=f"local head for {getattr(target, 'name', 'target')}", command=command, mesh=pl)
     head = head.with_params(res.params)
     if out and res.history["finished"]:
         h = res.history
@@ -107,5 +113,7 @@ def train_local_head(target, head: LocalHead, corpus: TextCorpus, *, steps: int,
                              "backend": jax.default_backend()},
                   "num_params": head.num_params, "stored_dtype": export_dtype, "corpus": corpus.describe(),
                   "commands": h.get("commands", []), **(info or {})}
-        head.save(out, export_dtype, record)
+        if h.get("placements"):
+            record["budget"]["placements"] = h["placements"]
+        pl.on_lead(lambda: head.save(out, export_dtype, record))
     return res, head

@@ -7,6 +7,13 @@
   is fixed and a run resumed from a checkpoint reproduces the uninterrupted run's losses and params
   bitwise. Resuming with other settings, or starting over existing checkpoints without `resume` /
   `overwrite`, is refused. A tqdm bar shows progress; the history goes to JSON and PNG (`save_curves`).
+- `placement(mesh)` -> `Placement`: where a run lives on a `("data", "model")` device mesh (`smcsd.make_mesh`),
+  one process or several joined by `jax.distributed`. Batch rows are data-parallel over "data" (each process feeds
+  the rows of its own devices, `local_rows` / `shard_batch`); the frozen target's weights are tensor-parallel over
+  "model" with the decoding layout (`shard_frozen`, `models.sharding`); the drafter's params and optimiser state are
+  *replicated* (a drafter is a few % of its target: replicas keep the step plain data parallelism, GSPMD all-reduces
+  the gradients, and a checkpoint restores onto any mesh shape). `train(..., mesh=)` and every recipe's `mesh=`
+  use it; `mesh=None` is the single-device code path, unchanged.
 - `export_model`: `config.json` + `model.safetensors` (+ `training.json`), the format
   `models.shipped.load_model_dir` reads.
 - `distill_ar_drafter(target, draft, corpus, ...)`: an autoregressive drafter distilled from any target:
@@ -16,6 +23,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 import math
@@ -30,14 +38,17 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+
 from models import ModelConfig, forward_full, init_model
+from models.sharding import DATA, MODEL, axis_size, param_specs, put
 
 from .data import TeacherStream, TextCorpus, check_vocab
 from .losses import cross_entropy, forward_kl, forward_kl_topk
 
 __all__ = [
-    "TrainResult", "checkpoint_manager", "distill_ar_drafter", "draft_config_for", "export_model",
-    "flatten_params", "make_optimizer", "restore_checkpoint", "save_checkpoint", "save_curves", "train",
+    "Placement", "TrainResult", "checkpoint_manager", "distill_ar_drafter", "draft_config_for", "export_model",
+    "flatten_params", "make_optimizer", "placement", "restore_checkpoint", "save_checkpoint", "save_curves", "train",
     "training_info",
 ]
 
@@ -57,20 +68,216 @@ def make_optimizer(lr: float, steps: int, warmup: int, weight_decay: float = 0.1
                                    mask=decay_mask))
 
 
+# ----------------------------------------------------------------------------------------------- placement
+
+_FROZEN_ALIASES = {"embed": ("embed_tokens", "embedding"), "head": ("lm_head",)}
+
+
+def _barrier(name: str) -> None:
+    """Every process waits here (a no-op in one process): e.g. before one process removes a directory."""
+    if jax.process_count() > 1:
+        from jax.experimental import multihost_utils
+        multihost_utils.sync_global_devices(name)
+
+
+@dataclasses.dataclass(frozen=True)
+class Placement:
+    """Where a training run's arrays live: one device (`mesh=None`) or a `("data", "model")` mesh, over one process
+    or several (`jax.distributed`). Build it with `placement(mesh)`; recipes pass their `mesh=` through.
+
+    - rows: batch rows split over "data" in contiguous blocks (block d on the devices of data index d). Each process
+      feeds only its own blocks' rows (`local_rows(n)`; all rows in one process), so per-row host work (the teacher
+      pass, its cache, anchors) is done once per row across processes; `shard_batch` joins them into global arrays.
+    - the frozen target: `shard_frozen` lays its weights out over "model" with the decoding rules (`models.sharding`:
+      heads / MLP hidden / vocab split where they divide, the rest replicated).
+    - the drafter: params and optimiser state replicated on every device. A drafter is a few % of its target, so a
+      replica costs little next to the target's shard, the step stays plain data parallelism (GSPMD all-reduces the
+      gradients over "data"), and a replicated checkpoint restores onto any other mesh shape (or one device).
+    With `mesh=None` every method is what the single-device loop always did (`shard_batch` = `jnp.asarray`).
+    """
+
+    mesh: Mesh | None = None
+
+    # -- shape --------------------------------------------------------------------------------------------
+    @property
+    def data(self) -> int:
+        """Size of the data axis (1 without a mesh)."""
+        return 1 if self.mesh is None else axis_size(self.mesh, DATA)
+
+    @property
+    def model(self) -> int:
+        return 1 if self.mesh is None else axis_size(self.mesh, MODEL)
+
+    @property
+    def is_lead(self) -> bool:
+        """True on the process that writes files (exports, curves, the progress bar): process 0."""
+        return jax.process_index() == 0
+
+    def describe(self) -> dict | None:
+        if self.mesh is None:
+            return None
+        return {"data": self.data, "model": self.model, "devices": int(self.mesh.devices.size),
+                "processes": jax.process_count(), "backend": jax.default_backend()}
+
+    @functools.cached_property
+    def local_data(self) -> tuple[int, ...]:
+        """Data indices with a device on this process (sorted): the row blocks this process feeds."""
+        if self.mesh is None:
+            return (0,)
+        devs = np.moveaxis(self.mesh.devices, list(self.mesh.axis_names).index(DATA), 0).reshape(self.data, -1)
+        me = jax.process_index()
+        return tuple(d for d in range(self.data) if any(x.process_index == me for x in devs[d]))
+
+    def check_rows(self, n: int, what: str = "batch_size") -> None:
+        """ValueError unless the data axis divides `n` rows (named `what` in the message)."""
+        if n % self.data:
+            lo = n - n % self.data
+            raise ValueError(
+                f"mesh: the data axis ({self.data}) must divide {what} ({n}), so each data shard holds whole rows; "
+                f"use {what}={lo + self.data}" + (f" or {lo}" if lo else "") + f" (a multiple of {self.data}), or a "
+                "mesh with a smaller data axis (smcsd.make_mesh(data=..., model=...))")
+
+    def local_rows(self, n: int) -> np.ndarray:
+        """Indices (into a batch of `n` rows) of the rows this process feeds: its data blocks, in order."""
+        self.check_rows(n)
+        blk = n // self.data
+        return np.concatenate([np.arange(d * blk, (d + 1) * blk) for d in self.local_data]).astype(np.int64)
+
+    # -- shardings ----------------------------------------------------------------------------------------
+    @property
+    def replicated(self) -> NamedSharding | None:
+        return None if self.mesh is None else NamedSharding(self.mesh, P())
+
+    def rows_sharding(self, ndim: int) -> NamedSharding:
+        return NamedSharding(self.mesh, P(DATA if self.data > 1 else None, *([None] * (ndim - 1))))
+
+    def _on_mesh(self, x) -> bool:
+        return isinstance(x, jax.Array) and isinstance(x.sharding, NamedSharding) and x.sharding.mesh == self.mesh
+
+    # -- placing ------------------------------------------------------------------------------------------
+    def shard_batch(self, batch):
+        """A training batch on the mesh. Host (numpy) arrays hold *this process's rows* (`local_rows`), joined
+        into global arrays split over "data"; arrays already on the mesh (e.g. `shard_frozen`'s) stay as they are;
+        other device arrays and 0-d values are replicated (every process must pass the same value). Without a mesh:
+        `jnp.asarray` of every leaf, the single-device loop's behaviour."""
+        if self.mesh is None:
+            return jax.tree_util.tree_map(jnp.asarray, batch)
+        return jax.tree_util.tree_map(self._place_rows, batch)
+
+    def _place_rows(self, x):
+        if isinstance(x, jax.Array):
+            return x if self._on_mesh(x) else put(x, self.replicated)
+        x = np.asarray(x)
+        if x.ndim == 0:
+            return put(x, self.replicated)
+        nb = len(self.local_data)
+        if x.shape[0] % nb:
+            raise ValueError(f"shard_batch: a batch array has {x.shape[0]} rows, not a whole number of this "
+                             f"process's {nb} data blocks; return the rows local_rows(n) names (or place non-row "
+                             "arrays with Placement.replicate)")
+        blk = x.shape[0] // nb
+        shape = (blk * self.data,) + x.shape[1:]
+        sharding = self.rows_sharding(x.ndim)
+        if jax.process_count() == 1:
+            return jax.device_put(x, sharding)
+        where = {d: i for i, d in enumerate(self.local_data)}
+
+        def block(index):
+            start, stop, _ = index[0].indices(shape[0])
+            d = start // blk
+            lo = where[d] * blk + start - d * blk
+            return x[(slice(lo, lo + stop - start),) + tuple(index[1:])]
+        return jax.make_array_from_callback(shape, sharding, block)
+
+    def shard_global(self, batch):
+        """A batch every process holds whole (e.g. held-out rows): rows split over "data" where the data axis divides
+        them, else replicated; arrays already on the mesh stay. Without a mesh: `jnp.asarray` of every leaf."""
+        if self.mesh is None:
+            return jax.tree_util.tree_map(jnp.asarray, batch)
+
+        def place(x):
+            if self._on_mesh(x):
+                return x
+            nd = np.ndim(x)
+            ok = nd >= 1 and np.shape(x)[0] % self.data == 0
+            return put(x if isinstance(x, jax.Array) else np.asarray(x),
+                       self.rows_sharding(nd) if ok else self.replicated)
+        return jax.tree_util.tree_map(place, batch)
+
+    def replicate(self, tree):
+        """`tree` replicated on every device of the mesh (each process must hold the same values); unchanged
+        without a mesh."""
+        if self.mesh is None:
+            return tree
+        return jax.tree_util.tree_map(lambda x: x if self._on_mesh(x) and x.sharding.is_fully_replicated
+                                      else put(x, self.replicated), tree)
+
+    def shard_frozen(self, tree, config: ModelConfig | None = None):
+        """The frozen target's weights (a target params tree, or a block drafter's shared `{"embed", "head"}`) in
+        the decoding layout over "model" (`models.sharding.param_specs`: vocab-parallel embedding / head, heads and
+        MLP hidden split where they divide); unchanged without a mesh."""
+        if self.mesh is None:
+            return tree
+        if isinstance(tree, dict) and tree and set(tree) <= set(_FROZEN_ALIASES):
+            out = {}
+            for k, v in tree.items():
+                path = _FROZEN_ALIASES[k]
+                nested = {path[0]: {path[1]: v}} if len(path) == 2 else {path[0]: v}
+                spec = param_specs(nested, self.model, config)
+                spec = spec[path[0]][path[1]] if len(path) == 2 else spec[path[0]]
+                same = [o for kk, o in out.items() if tree[kk] is v]  # tied embedding: one placed array
+                out[k] = same[0] if same else put(v, NamedSharding(self.mesh, spec))
+            return out
+        specs = param_specs(tree, self.model, config)
+        return jax.tree_util.tree_map(lambda x, s: put(x, NamedSharding(self.mesh, s)), tree, specs,
+                                      is_leaf=lambda s: isinstance(s, P))
+
+    def to_host(self, tree):
+        """numpy copies of (possibly global) arrays, readable on every process: a replicated array from this
+        process's own copy, a split one gathered (`process_allgather`)."""
+        def host(x):
+            if not isinstance(x, jax.Array) or x.is_fully_addressable or x.is_fully_replicated:
+                return np.asarray(x)
+            from jax.experimental import multihost_utils
+            return np.asarray(multihost_utils.process_allgather(x, tiled=True))
+        return jax.tree_util.tree_map(host, tree)
+
+    def barrier(self, name: str) -> None:
+        _barrier(name)
+
+    def on_lead(self, fn: Callable[[], Any], name: str = "smcsd-train-write") -> None:
+        """Run `fn` (a file write) on process 0 only; the other processes wait until it is done."""
+        if self.is_lead:
+            fn()
+        _barrier(name)
+
+
+def placement(mesh: "Mesh | Placement | None" = None) -> Placement:
+    """The `Placement` of `mesh` (validated: a `jax.sharding.Mesh` with axes "data" and "model", from
+    `smcsd.make_mesh`); None: one device, the plain loop."""
+    if mesh is None or isinstance(mesh, Placement):
+        return mesh or Placement(None)
+    from ..mesh import check_mesh
+    return Placement(check_mesh(mesh))
+
+
 def _global_norm(tree):
     return jnp.sqrt(sum(jnp.sum(jnp.square(x.astype(jnp.float32))) for x in jax.tree_util.tree_leaves(tree)))
 
 
 @functools.lru_cache(maxsize=8)
-def _compiled_step(loss_fn, lr, steps, warmup, weight_decay, clip):
-    """(optimizer, jitted step), cached so runs with the same loss and settings (a resume) share one compile."""
+def _compiled_step(loss_fn, lr, steps, warmup, weight_decay, clip, mesh=None):
+    """(optimizer, jitted step), cached so runs with the same loss and settings (a resume) share one compile.
+    On a mesh every output (params, optimiser state, loss, aux, gradient norm) is replicated."""
     tx = make_optimizer(lr, steps, warmup, weight_decay, clip)
 
     def step(params, opt_state, batch):
         (loss, aux), grads = jax.value_and_grad(loss_fn, has_aux=True)(params, batch)
         updates, opt_state = tx.update(grads, opt_state, params)
         return optax.apply_updates(params, updates), opt_state, loss, aux, _global_norm(grads)
-    return tx, jax.jit(step, donate_argnums=(0, 1))
+    if mesh is None:
+        return tx, jax.jit(step, donate_argnums=(0, 1))
+    return tx, jax.jit(step, donate_argnums=(0, 1), out_shardings=NamedSharding(mesh, P()))
 
 
 # ----------------------------------------------------------------------------------------------- checkpoints
@@ -82,20 +289,39 @@ def checkpoint_manager(directory: str, max_to_keep: int = 2):
                                  options=ocp.CheckpointManagerOptions(max_to_keep=max_to_keep, create=True))
 
 
+def _step_array(step: int, params):
+    """The step counter as an array beside `params`: replicated on their mesh when they live on one (a checkpoint
+    written by several processes holds only global arrays), else a plain single-device array."""
+    leaves = [x for x in jax.tree_util.tree_leaves(params) if isinstance(x, jax.Array)]
+    sh = leaves[0].sharding if leaves else None
+    if isinstance(sh, NamedSharding) and sh.mesh.devices.size > 1:
+        return put(np.asarray(step, np.int32), NamedSharding(sh.mesh, P()))
+    return jnp.asarray(step, jnp.int32)
+
+
 def save_checkpoint(mngr, step: int, params, opt_state, meta: dict) -> None:
-    """Save (params, opt_state, step) and the JSON `meta` as checkpoint `step`; waits until it is on disk."""
+    """Save (params, opt_state, step) and the JSON `meta` as checkpoint `step`; waits until it is on disk.
+    Under `jax.distributed` every process calls it (orbax writes each array once and the JSON from process 0)."""
     import orbax.checkpoint as ocp
-    state = {"params": params, "opt_state": opt_state, "step": jnp.asarray(step, jnp.int32)}
+    state = {"params": params, "opt_state": opt_state, "step": _step_array(step, params)}
     mngr.save(step, args=ocp.args.Composite(state=ocp.args.StandardSave(state), meta=ocp.args.JsonSave(meta)),
               force=True)
     mngr.wait_until_finished()
 
 
+def restore_meta(mngr) -> dict:
+    """The JSON `meta` of the latest checkpoint alone (cheap: no arrays are read)."""
+    import orbax.checkpoint as ocp
+    return mngr.restore(mngr.latest_step(), args=ocp.args.Composite(meta=ocp.args.JsonRestore()))["meta"]
+
+
 def restore_checkpoint(mngr, params, opt_state):
-    """(params, opt_state, step, meta) of the latest checkpoint; `params`/`opt_state` give the structure."""
+    """(params, opt_state, step, meta) of the latest checkpoint; `params`/`opt_state` give the structure and the
+    placement: arrays come back with their shardings, so a checkpoint written on one mesh shape (or one device)
+    restores onto another."""
     import orbax.checkpoint as ocp
     step = mngr.latest_step()
-    abstract = {"params": params, "opt_state": opt_state, "step": jnp.asarray(0, jnp.int32)}
+    abstract = {"params": params, "opt_state": opt_state, "step": _step_array(0, params)}
     abstract = jax.tree_util.tree_map(ocp.utils.to_shape_dtype_struct, abstract)
     out = mngr.restore(step, args=ocp.args.Composite(state=ocp.args.StandardRestore(abstract),
                                                      meta=ocp.args.JsonRestore()))
@@ -240,6 +466,22 @@ def _commit(tree):
     return jax.tree_util.tree_map(commit, tree)
 
 
+def _settings_diff(saved: dict, now: dict) -> dict:
+    """{key: {"checkpoint": ..., "now": ...}} of the settings that differ; within a dict setting (a drafter's
+    config) only its differing fields, so the message names what changed."""
+    out = {}
+    for k in sorted(set(saved) | set(now)):
+        a, b = saved.get(k), now.get(k)
+        if a == b:
+            continue
+        if isinstance(a, dict) and isinstance(b, dict):
+            out[k] = {f: {"checkpoint": a.get(f), "now": b.get(f)} for f in sorted(set(a) | set(b))
+                      if a.get(f) != b.get(f)}
+        else:
+            out[k] = {"checkpoint": a, "now": b}
+    return out
+
+
 def _scalars(aux) -> dict[str, float]:
     return {k: float(v) for k, v in (aux or {}).items() if np.ndim(v) == 0}
 
@@ -249,7 +491,7 @@ def train(loss_fn: Callable, params, batches: Callable[[int], Any], *, steps: in
           resume: bool = False, overwrite: bool = False, eval_fn: Callable | None = None, eval_every: int = 100,
           ckpt_every: int = 100, progress: bool = True, stop_after: int | None = None,
           curves_path: str | None = None, meta: dict | None = None, desc: str = "train",
-          command: str | None = None) -> TrainResult:
+          command: str | None = None, mesh: "Mesh | Placement | None" = None) -> TrainResult:
     """Minimise `loss_fn(params, batch) -> (loss, aux_dict)` over `batches(step)` for `steps` steps.
 
     warmup: linear-warmup steps (default min(100, steps // 10)); then cosine decay to lr/10. clip:
@@ -261,42 +503,69 @@ def train(loss_fn: Callable, params, batches: Callable[[int], Any], *, steps: in
     `curves_path.json` / `.png`. meta: JSON-able settings recorded with (and checked on resume against)
     the checkpoint, e.g. the model config and the data's fingerprint. Returns `TrainResult(params, history)`;
     `history["train"]` holds {"step", "loss", aux..., "grad_norm"} per step.
+
+    mesh: a `("data", "model")` mesh (`smcsd.make_mesh`) or a `Placement` (see `placement`): `batches(step)` then
+    returns this process's rows (`Placement.local_rows`) as host arrays, joined by `Placement.shard_batch` into
+    global arrays split over "data" (arrays already on the mesh, e.g. the frozen target's, pass as they are);
+    params and optimiser state are replicated, `eval_fn` receives the replicated params. Under `jax.distributed`
+    every process runs `train` with the same arguments; checkpoints go to one shared `ckpt_dir` (on a pod: a
+    bucket or a shared disk), curves and the progress bar come from process 0. A run resumes on any other mesh
+    shape (or on one device) and continues with the uninterrupted losses, up to float reduction order.
     """
     from tqdm import tqdm
     if not isinstance(steps, int) or steps < 1:
         raise ValueError(f"steps must be a positive int, got {steps!r}")
+    pl = placement(mesh)
     warmup = max(1, min(100, steps // 10)) if warmup is None else int(warmup)
     run = _jsonable({"steps": steps, "lr": lr, "warmup": warmup, "clip": clip, "weight_decay": weight_decay,
                      **(meta or {})})
-    tx, step_fn = _compiled_step(loss_fn, float(lr), steps, warmup, float(weight_decay), float(clip))
-    params = jax.tree_util.tree_map(lambda x: jnp.array(x, copy=True), params)  # the step donates its inputs
-    opt_state = tx.init(params)
+    tx, step_fn = _compiled_step(loss_fn, float(lr), steps, warmup, float(weight_decay), float(clip), pl.mesh)
+    if pl.mesh is None:
+        params = jax.tree_util.tree_map(lambda x: jnp.array(x, copy=True), params)  # the step donates its inputs
+        opt_state = tx.init(params)
+    else:
+        params = pl.replicate(pl.to_host(params))  # fresh replicas (the step donates its inputs)
+        opt_state = jax.jit(tx.init, out_shardings=pl.replicated)(params)
     history = {"run": run, "train": [], "eval": [], "wall_s": 0.0}
     start = 0
+    progress = progress and pl.is_lead
 
     mngr = None
     if resume and not ckpt_dir:
         raise ValueError("resume=True needs ckpt_dir (where the checkpoints are)")
     if ckpt_dir:
-        if os.path.isdir(ckpt_dir) and os.listdir(ckpt_dir) and not resume:
+        exists = os.path.isdir(ckpt_dir) and bool(os.listdir(ckpt_dir))
+        pl.barrier("smcsd-train-ckpt-look")  # every process has looked before one removes anything
+        if exists and not resume:
             if not overwrite:
                 raise FileExistsError(f"checkpoints exist in {ckpt_dir}: pass resume to continue that run or "
                                       "overwrite to discard them and restart")
-            shutil.rmtree(ckpt_dir)
+            if pl.is_lead:
+                shutil.rmtree(ckpt_dir)
+            pl.barrier("smcsd-train-ckpt-clear")
         mngr = checkpoint_manager(ckpt_dir)
         if resume and mngr.latest_step() is not None:
-            params, opt_state, start, saved = restore_checkpoint(mngr, params, opt_state)
-            diff = {k: {"checkpoint": saved["run"].get(k), "now": run.get(k)}
-                    for k in sorted(set(run) | set(saved["run"])) if saved["run"].get(k) != run.get(k)}
+            saved = restore_meta(mngr)
+            diff = _settings_diff(saved["run"], run)
             if diff:
                 raise ValueError(f"cannot resume from {ckpt_dir}: the checkpoint was made with other settings "
-                                 f"{json.dumps(diff)}; use the same settings, or overwrite to restart")
+                                 f"{json.dumps(diff)}; use the same settings (the drafter's configuration and the "
+                                 "training arguments), or overwrite=True to restart")
+            try:
+                params, opt_state, start, saved = restore_checkpoint(mngr, params, opt_state)
+            except (ValueError, KeyError, TypeError) as e:
+                raise ValueError(f"cannot resume from {ckpt_dir}: its arrays do not fit these params (another "
+                                 f"drafter configuration?): {str(e)[:500]}; pass the params the checkpoint was made "
+                                 "for, or overwrite=True to restart") from None
             history = saved
             if progress:
                 print(f"[{desc}] resumed from step {start} of {steps}", file=sys.stderr, flush=True)
     if command:
         history.setdefault("commands", []).append({"command": command, "from_step": start})
-    params, opt_state = _commit((params, opt_state))
+    if pl.mesh is not None:
+        history.setdefault("placements", []).append({"from_step": start, **pl.describe()})
+    else:
+        params, opt_state = _commit((params, opt_state))
 
     wall0, t0 = history.get("wall_s", 0.0), time.time()
     step = start
@@ -311,7 +580,7 @@ def train(loss_fn: Callable, params, batches: Callable[[int], Any], *, steps: in
     pbar = tqdm(total=steps, initial=start, desc=desc, disable=not progress, mininterval=1.0, dynamic_ncols=True)
     try:
         while step < steps:
-            batch = jax.tree_util.tree_map(jnp.asarray, batches(step))
+            batch = pl.shard_batch(batches(step))
             params, opt_state, loss, aux, gnorm = step_fn(params, opt_state, batch)
             step += 1
             row = {"step": step, "loss": float(loss), **_scalars(aux), "grad_norm": float(gnorm)}
@@ -323,8 +592,9 @@ def train(loss_fn: Callable, params, batches: Callable[[int], Any], *, steps: in
             done = step == steps or (stop_after is not None and step >= stop_after)
             if eval_fn is not None and (step % eval_every == 0 or done):
                 ev = evaluate()
-                pbar.write(f"[{desc}] step {step}: " + "  ".join(f"{k} {v:.4f}" for k, v in ev.items())
-                           + f"  ({time.time() - t0:.0f}s)")
+                if pl.is_lead:
+                        pbar.write(f"[{desc}] step {step}: " + "  ".join(f"{k} {v:.4f}" for k, v in ev.items())
+                               + f"  ({time.time() - t0:.0f}s)")
             if mngr is not None and (step % ckpt_every == 0 or done):
                 history.update(step=step, finished=step == steps, wall_s=wall0 + time.time() - t0)
                 save_checkpoint(mngr, step, params, opt_state, history)
@@ -334,7 +604,7 @@ def train(loss_fn: Callable, params, batches: Callable[[int], Any], *, steps: in
         pbar.close()
     history.update(step=step, finished=step == steps, wall_s=wall0 + time.time() - t0)
     if curves_path:
-        save_curves(history, curves_path, f"{desc}: step {step}/{steps}")
+        pl.on_lead(lambda: save_curves(history, curves_path, f"{desc}: step {step}/{steps}"), "smcsd-train-curves")
     return TrainResult(params, history)
 
 
@@ -350,6 +620,8 @@ def training_info(recipe: str, target_name: str, stream: TeacherStream, res: Tra
                        "backend": jax.default_backend(), "device": str(jax.devices()[0].device_kind)},
             "num_params": int(sum(np.size(x) for x in jax.tree_util.tree_leaves(res.params))),
             "stored_dtype": export_dtype, "corpus": corpus.describe(), "commands": h.get("commands", [])}
+    if h.get("placements"):  # the meshes the run ran on, each from the step it started at
+        info["budget"]["placements"] = h["placements"]
     for k, v in extra.items():
         if isinstance(v, dict) and isinstance(info.get(k), dict):
             info[k] = {**info[k], **v}
@@ -427,7 +699,7 @@ def distill_ar_drafter(target, draft, corpus: TextCorpus | TeacherStream, *, ste
                        overwrite: bool = False, out: str | None = None, export_dtype: str = "float32",
                        eval_every: int = 100, ckpt_every: int = 100, eval_rows: int | None = 64,
                        progress: bool = True, stop_after: int | None = None, curves_path: str | None = None,
-                       command: str | None = None) -> TrainResult:
+                       command: str | None = None, mesh: "Mesh | Placement | None" = None) -> TrainResult:
     """Distil an autoregressive drafter from `target` on `corpus`: loss = w_ce · CE(gold) + w_kl · KL(p_T ‖ q).
 
     target: a `LanguageModel`. draft: a `ModelConfig` (initialised from `seed`) or a `LanguageModel`
@@ -437,12 +709,17 @@ def distill_ar_drafter(target, draft, corpus: TextCorpus | TeacherStream, *, ste
     temperature 1 (with top-k targets `accept_lb`, a lower bound: only the top-k terms of the sum).
     out: export directory (`export_model`), written once the run finishes, with `training.json` holding
     the settings, corpus, final metrics, wall time, token budget and `command`.
+    mesh: train on a device mesh (`placement`): rows over "data", the teacher's target over "model", the drafter
+    replicated; every process of a `jax.distributed` job calls this with the same arguments.
     """
+    pl = placement(mesh)
     draft_config = draft if isinstance(draft, ModelConfig) else draft.config
     check_vocab(target, draft_config)
     stream = corpus if isinstance(corpus, TeacherStream) else TeacherStream(target, corpus, topk=topk,
-                                                                           cache_dir=cache_dir)
+                                                                           cache_dir=cache_dir, mesh=pl.mesh)
     corpus = stream.corpus
+    pl.check_rows(corpus.batch_size)
+    rows = pl.local_rows(corpus.batch_size)
     if corpus.seq_len > draft_config.max_position_embeddings:
         raise ValueError(f"seq_len {corpus.seq_len} exceeds the drafter's max_position_embeddings "
                          f"{draft_config.max_position_embeddings}")
@@ -455,7 +732,7 @@ def distill_ar_drafter(target, draft, corpus: TextCorpus | TeacherStream, *, ste
         sums, n = np.zeros(3), 0
         for b in stream.eval_batches(eval_rows):
             m = len(b["tokens"])
-            sums += m * np.asarray([float(x) for x in ev_prog(p, jax.tree_util.tree_map(jnp.asarray, b))])
+            sums += m * np.asarray([float(x) for x in pl.to_host(ev_prog(p, pl.shard_global(b)))])
             n += m
         return dict(zip(("ce", "kl", acc_key), (sums / max(n, 1)).tolist()))
 
@@ -465,13 +742,14 @@ def distill_ar_drafter(target, draft, corpus: TextCorpus | TeacherStream, *, ste
             "data_seed": corpus.seed, "topk": stream.topk, "ce_weight": ce_weight, "kl_weight": kl_weight,
             "init_seed": seed if isinstance(draft, ModelConfig) else "warm-start"}
     name = getattr(target, "name", "target")
-    res = train(loss_fn, params, stream.batch, steps=steps, lr=lr, warmup=warmup, clip=clip,
+    batches = stream.batch if pl.mesh is None else (lambda step: stream.batch(step, rows))
+    res = train(loss_fn, params, batches, steps=steps, lr=lr, warmup=warmup, clip=clip,
                 weight_decay=weight_decay, ckpt_dir=ckpt_dir, resume=resume, overwrite=overwrite,
                 eval_fn=eval_fn if len(corpus.heldout_rows) else None, eval_every=eval_every,
                 ckpt_every=ckpt_every, progress=progress, stop_after=stop_after, curves_path=curves_path,
-                meta=meta, desc=f"distill {name}", command=command)
+                meta=meta, desc=f"distill {name}", command=command, mesh=pl)
     h = res.history
     if out and h["finished"]:
         info = training_info("distill_ar_drafter", name, stream, res, steps, export_dtype)
-        export_model(draft_config, res.params, out, export_dtype, info)
+        pl.on_lead(lambda: export_model(draft_config, res.params, out, export_dtype, info), "smcsd-train-export")
     return res

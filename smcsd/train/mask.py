@@ -35,7 +35,7 @@ from models.transformer import InputEdits
 
 from ..drafters.mask import FEATURE_SCALE, MaskDrafter
 from .data import TeacherStream, TextCorpus
-from .loop import TrainResult, train, training_info
+from .loop import TrainResult, placement, train, training_info
 from .losses import token_cross_entropy, token_forward_kl_topk
 
 WEIGHTINGS = ("cat", "uniform")
@@ -155,34 +155,39 @@ def train_mask_drafter(target, drafter: MaskDrafter, corpus: TextCorpus | Teache
                        resume: bool = False, overwrite: bool = False, out: str | None = None,
                        export_dtype: str = "float32", eval_every: int = 100, ckpt_every: int = 100,
                        eval_rows: int | None = 32, progress: bool = True, stop_after: int | None = None,
-                       curves_path: str | None = None, command: str | None = None) -> TrainResult:
+                       curves_path: str | None = None, command: str | None = None, mesh=None) -> TrainResult:
     """Train `drafter` (a `MaskDrafter`, e.g. `MaskDrafter.create(pair's AR draft, target=..., feature_layers=...)`)
     with PARD-2's COD sequences and CAT (or uniform) weights (module docstring); all of its params are trained (the
     small LM, the mask embedding and, in dual mode, the feature projection). out: `MaskDrafter.save` directory with
-    `training.json` (settings, final metrics, wall time, command) once the run finishes."""
+    `training.json` (settings, final metrics, wall time, command) once the run finishes. mesh: a ("data", "model")
+    device mesh (`smcsd.train.loop.placement`): rows over "data", the teacher's target over "model", the drafter
+    replicated; under `jax.distributed` every process calls this with the same arguments."""
     if not isinstance(drafter, MaskDrafter):
         raise TypeError(f"drafter must be a MaskDrafter, got {type(drafter).__name__}")
     if not 0 <= feature_drop <= 1:
         raise ValueError(f"feature_drop must be in [0, 1], got {feature_drop!r}")
+    pl = placement(mesh)
     drafter = drafter.bind(target).with_features(True)
     layers = drafter.feature_layers
     stream = corpus if isinstance(corpus, TeacherStream) else TeacherStream(
-        target, corpus, topk=topk, layers=layers, cache_dir=cache_dir)
+        target, corpus, topk=topk, layers=layers, cache_dir=cache_dir, mesh=pl.mesh)
     if not stream.topk:
         raise ValueError("train_mask_drafter needs a top-k teacher stream (topk >= 1)")
     if tuple(stream.layers) != layers:
         raise ValueError(f"the teacher stream carries target layers {stream.layers}, the drafter reads {layers}")
     corpus = stream.corpus
     T = corpus.seq_len
+    pl.check_rows(corpus.batch_size)
+    rows, n = pl.local_rows(corpus.batch_size), corpus.batch_size
     pad = getattr(target.config, "pad_token_id", None)
     loss_fn = mask_loss(drafter, weighting, float(ce_weight), float(kl_weight), pad)
     params = {"lm": drafter.model.params, **drafter.extra}
 
-    def batches(step):
-        b = dict(stream.batch(step))
+    def batches(step):  # this process's rows; `keep` drawn for the whole batch, the layout shared (replicated)
+        b = dict(stream.batch(step, rows))
         rng = np.random.default_rng([seed, step, 0xF0])
-        b["keep"] = (rng.random(len(b["tokens"])) >= feature_drop).astype(np.float32)
-        b["layout"] = cod_layout(seed, step, T, depth, retain, r_min)
+        b["keep"] = (rng.random(n) >= feature_drop).astype(np.float32)[rows]
+        b["layout"] = pl.replicate(cod_layout(seed, step, T, depth, retain, r_min))
         return b
 
     ev_prog = _eval_program(drafter, depth, pad)
@@ -193,8 +198,8 @@ def train_mask_drafter(target, drafter: MaskDrafter, corpus: TextCorpus | Teache
             a_sum, n = np.zeros(depth), np.zeros(depth)
             for i, b in enumerate(stream.eval_batches(eval_rows)):
                 b = {**b, "keep": np.full(len(b["tokens"]), keep, np.float32),
-                     "layout": cod_layout(10_000 + seed, i, T, depth, retain, r_min)}
-                s, c = ev_prog(p, jax.tree_util.tree_map(jnp.asarray, b))
+                     "layout": pl.replicate(cod_layout(10_000 + seed, i, T, depth, retain, r_min))}
+                s, c = pl.to_host(ev_prog(p, pl.shard_global(b)))
                 a_sum, n = a_sum + np.asarray(s), n + np.asarray(c)
             alpha = a_sum / np.maximum(n, 1)
             out[f"accept_pos1{mode}"] = float(alpha[0])
@@ -214,9 +219,9 @@ def train_mask_drafter(target, drafter: MaskDrafter, corpus: TextCorpus | Teache
                 ckpt_dir=ckpt_dir, resume=resume, overwrite=overwrite,
                 eval_fn=eval_fn if len(corpus.heldout_rows) else None, eval_every=eval_every, ckpt_every=ckpt_every,
                 progress=progress, stop_after=stop_after, curves_path=curves_path, meta=meta,
-                desc=f"pard2 ({weighting}) for {name}", command=command)
+                desc=f"pard2 ({weighting}) for {name}", command=command, mesh=pl)
     if out and res.history["finished"]:
         info = training_info("train_mask_drafter", name, stream, res, steps, export_dtype, weighting=weighting,
                              this_process_s=round(time.time() - t0, 1))
-        drafter.with_params(res.params).save(out, export_dtype, info)
+        pl.on_lead(lambda: drafter.with_params(res.params).save(out, export_dtype, info))
     return res

@@ -34,7 +34,7 @@ from ..drafters.specblock import (SpecBlockConfig, SpecBlockDrafter, SpecBlockNe
                                   rank_class, rank_logits)
 from .block import sample_anchors
 from .data import TeacherStream, TextCorpus
-from .loop import TrainResult, train, training_info
+from .loop import TrainResult, placement, train, training_info
 from .losses import token_cross_entropy, token_forward_kl_topk, valid_prefix_mask
 
 __all__ = ["sample_chain_points", "specblock_loss", "specblock_train_logits", "train_rank_head", "train_specblock"]
@@ -155,17 +155,19 @@ def train_specblock(target, drafter: SpecBlockDrafter, corpus: TextCorpus | Teac
                     out: str | None = None, export_dtype: str = "float32", eval_every: int = 100,
                     ckpt_every: int = 100, eval_rows: int | None = 64, progress: bool = True,
                     stop_after: int | None = None, curves_path: str | None = None,
-                    command: str | None = None) -> TrainResult:
+                    command: str | None = None, mesh=None) -> TrainResult:
     """Train `drafter` (a `SpecBlockDrafter`, e.g. `SpecBlockDrafter.create(target)`) on `corpus` (module docstring);
     the target's embedding and LM head stay frozen. out: `drafter.save` directory with `training.json` once the run
-    finishes."""
+    finishes. mesh: a ("data", "model") device mesh (`smcsd.train.loop.placement`): rows over "data", the teacher's
+    target and the shared embedding / LM head over "model", the drafter replicated."""
     if not isinstance(drafter, SpecBlockDrafter):
         raise TypeError(f"drafter must be a SpecBlockDrafter, got {type(drafter).__name__}")
+    pl = placement(mesh)
     drafter = drafter.bind(target)
     config = drafter.block_config
     S = config.block_size
     stream = corpus if isinstance(corpus, TeacherStream) else TeacherStream(
-        target, corpus, topk=topk, layers=config.target_layers, cache_dir=cache_dir)
+        target, corpus, topk=topk, layers=config.target_layers, cache_dir=cache_dir, mesh=pl.mesh)
     if tuple(stream.layers) != config.target_layers:
         raise ValueError(f"the teacher stream carries target layers {stream.layers}, the drafter reads "
                          f"{config.target_layers}")
@@ -174,14 +176,16 @@ def train_specblock(target, drafter: SpecBlockDrafter, corpus: TextCorpus | Teac
     corpus = stream.corpus
     T = corpus.seq_len
     sample_anchors(seed, 0, 1, T, num_anchors)  # validates num_anchors against seq_len
+    pl.check_rows(corpus.batch_size)
+    rows, n = pl.local_rows(corpus.batch_size), corpus.batch_size
     pad = getattr(target.config, "pad_token_id", None)
     loss_fn = specblock_loss(config, bool(valid_prefix), float(decay), float(kl_weight), float(ce_weight), pad)
-    shared = drafter.shared
+    shared = pl.shard_frozen(drafter.shared, target.config)
 
-    def batches(step):
-        b = dict(stream.batch(step))
-        b["anchors"] = sample_anchors(seed, step, len(b["tokens"]), T, num_anchors)
-        b["chain"] = sample_chain_points(seed, step, b["anchors"].shape, S)
+    def batches(step):  # this process's rows; anchors and chain points drawn for the whole batch
+        b = dict(stream.batch(step, rows))
+        b["anchors"] = sample_anchors(seed, step, n, T, num_anchors)[rows]
+        b["chain"] = sample_chain_points(seed, step, (n, num_anchors), S)[rows]
         return {**b, **shared}
 
     ev_prog = _eval_program(config, pad)
@@ -191,7 +195,7 @@ def train_specblock(target, drafter: SpecBlockDrafter, corpus: TextCorpus | Teac
         for i, b in enumerate(stream.eval_batches(eval_rows)):
             anchors = sample_anchors(10_000 + seed, i, len(b["tokens"]), T, num_anchors)
             b = {**b, "anchors": anchors, "chain": np.full(anchors.shape, S, np.int32), **shared}
-            r = [np.asarray(x, np.float64) for x in ev_prog(p, jax.tree_util.tree_map(jnp.asarray, b))]
+            r = [np.asarray(x, np.float64) for x in pl.to_host(ev_prog(p, pl.shard_global(b)))]
             tot = r if tot is None else [x + y for x, y in zip(tot, r)]
         a_sum, a_n, chain_len, block_len, blocks = tot
         per = a_sum / np.maximum(a_n, 1)  # [2, S]
@@ -211,12 +215,12 @@ def train_specblock(target, drafter: SpecBlockDrafter, corpus: TextCorpus | Teac
                 weight_decay=weight_decay, ckpt_dir=ckpt_dir, resume=resume, overwrite=overwrite,
                 eval_fn=eval_fn if len(corpus.heldout_rows) else None, eval_every=eval_every,
                 ckpt_every=ckpt_every, progress=progress, stop_after=stop_after, curves_path=curves_path,
-                meta=meta, desc=f"specblock for {name}", command=command)
+                meta=meta, desc=f"specblock for {name}", command=command, mesh=pl)
     if out and res.history["finished"]:
         info = training_info("train_specblock", name, stream, res, steps, export_dtype, valid_prefix=bool(valid_prefix),
                              this_process_s=round(time.time() - t0, 1),
                              budget={"blocks_seen": 2 * steps * corpus.batch_size * num_anchors})
-        SpecBlockDrafter(config, res.params, name=drafter.name).save(out, export_dtype, info)
+        pl.on_lead(lambda: SpecBlockDrafter(config, res.params, name=drafter.name).save(out, export_dtype, info))
     return res
 
 
@@ -246,30 +250,37 @@ def train_rank_head(target, drafter: SpecBlockDrafter, corpus: TextCorpus | Teac
                     cache_dir: str | None = None, ckpt_dir: str | None = None, resume: bool = False,
                     overwrite: bool = False, out: str | None = None, export_dtype: str = "float32",
                     eval_every: int = 100, ckpt_every: int = 100, eval_rows: int | None = 64, progress: bool = True,
-                    stop_after: int | None = None, command: str | None = None):
+                    stop_after: int | None = None, command: str | None = None, mesh=None):
     """Train a rank head for a trained `drafter` (frozen). Returns `(TrainResult, drafter.with_rank_head(...))`; with
-    `out` the drafter is saved there with the head (its training.json gains a "rank_head" entry)."""
+    `out` the drafter is saved there with the head (its training.json gains a "rank_head" entry). mesh: as
+    `train_specblock`'s (the frozen drafter replicated)."""
     import json
     import os
     if not isinstance(drafter, SpecBlockDrafter):
         raise TypeError(f"drafter must be a SpecBlockDrafter, got {type(drafter).__name__}")
+    pl = placement(mesh)
     drafter = drafter.bind(target)
     config, S = drafter.block_config, drafter.block_config.block_size
     stream = corpus if isinstance(corpus, TeacherStream) else TeacherStream(
-        target, corpus, topk=topk, layers=config.target_layers, cache_dir=cache_dir)
+        target, corpus, topk=topk, layers=config.target_layers, cache_dir=cache_dir, mesh=pl.mesh)
     corpus, T = stream.corpus, stream.corpus.seq_len
+    pl.check_rows(corpus.batch_size)
+    rows, nrows = pl.local_rows(corpus.batch_size), corpus.batch_size
     dp = drafter.drafter_params()
-    frozen = {"net": dp["net"], "embed": dp["embed"], "head": dp["head"]}
+    frozen = {"net": pl.replicate(dp["net"]), **pl.shard_frozen({"embed": dp["embed"], "head": dp["head"]},
+                                                                 target.config)}
     forward, ev = _rank_programs(config)
 
-    def batch_of(b, step, salt):
-        anchors = sample_anchors(salt + seed, step, len(b["tokens"]), T, num_anchors)
+    def batch_of(b, step, salt, rows=None):
+        n = len(b["tokens"]) if rows is None else nrows
+        anchors = sample_anchors(salt + seed, step, n, T, num_anchors)
+        anchors = anchors if rows is None else anchors[rows]
         return {**b, "anchors": anchors, "chain": np.full(anchors.shape, S, np.int32), **frozen}
 
     def eval_fn(p):
         tot, n = {}, 0
         for i, b in enumerate(stream.eval_batches(eval_rows)):
-            r = ev(p, jax.tree_util.tree_map(jnp.asarray, batch_of(b, i, 10_000)))
+            r = pl.to_host(ev(p, pl.shard_global(batch_of(b, i, 10_000))))
             tot = {k: tot.get(k, 0.0) + float(v) for k, v in r.items()}
             n += 1
         return {k: v / max(n, 1) for k, v in tot.items()}
@@ -279,12 +290,13 @@ def train_rank_head(target, drafter: SpecBlockDrafter, corpus: TextCorpus | Teac
             "width": width, "batch_size": corpus.batch_size, "seq_len": T}
     t0 = time.time()
     res = train(forward, init_rank_params(config.model.hidden_size, seed, width),
-                lambda step: batch_of(dict(stream.batch(step)), step, 0), steps=steps, lr=lr, weight_decay=0.0,
-                ckpt_dir=ckpt_dir, resume=resume, overwrite=overwrite,
+                lambda step: batch_of(dict(stream.batch(step, rows)), step, 0, rows), steps=steps, lr=lr,
+                weight_decay=0.0, ckpt_dir=ckpt_dir, resume=resume, overwrite=overwrite,
                 eval_fn=eval_fn if len(corpus.heldout_rows) else None, eval_every=eval_every, ckpt_every=ckpt_every,
-                progress=progress, stop_after=stop_after, meta=meta, desc="specblock rank head", command=command)
+                progress=progress, stop_after=stop_after, meta=meta, desc="specblock rank head", command=command,
+                mesh=pl)
     with_head = drafter.with_rank_head(res.params)
-    if out and res.history["finished"]:
+    if out and res.history["finished"] and pl.is_lead:
         info = {}
         if os.path.isfile(os.path.join(out, "training.json")):
             with open(os.path.join(out, "training.json")) as f:
@@ -295,4 +307,5 @@ def train_rank_head(target, drafter: SpecBlockDrafter, corpus: TextCorpus | Teac
                              "this_process_s": round(time.time() - t0, 1), "commands": h.get("commands", []),
                              "num_params": int(sum(np.size(x) for x in jax.tree_util.tree_leaves(res.params)))}
         with_head.save(out, export_dtype, info)
+    pl.barrier("smcsd-train-export")
     return res, with_head
