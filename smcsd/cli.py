@@ -72,6 +72,7 @@ temperature_type = _typed(float, lambda v: math.isfinite(v) and v >= 0, "a finit
 top_p_type = _typed(float, lambda v: 0 < v <= 1, "a number in (0, 1] (1 disables top-p)")
 fraction_type = _typed(float, lambda v: 0 <= v <= 1, "a number in [0, 1]")
 alpha_type = _typed(float, lambda v: math.isfinite(v) and v > 0, "a finite number > 0")
+positive_seconds = _typed(float, lambda v: math.isfinite(v) and v > 0, "a number of seconds > 0")
 
 
 def method_type(text: str) -> str:
@@ -330,6 +331,39 @@ def cmd_fetch(args) -> int:
     return 0
 
 
+DEVICE_CHECK_EPILOG = """\
+examples:
+  smcsd device-check --out device_check.json            # real shapes on this backend, 6-minute budget
+  smcsd device-check --toy --out toy.json               # tiny shapes on CPU, under 2 minutes
+  smcsd device-check --backend gpu --out h200.json      # says so (one line) and runs on CPU if there is no GPU
+  smcsd device-check --fit h200.json --out h200_fit.json  # refit the cost model's constants from a run
+
+docs/device_check.md: running it on a GPU or TPU VM, refitting, and which figures are measured.
+"""
+
+
+def cmd_device_check(args) -> int:
+    from . import device_check
+    if args.fit is None and args.out is None:
+        raise CLIError("device-check needs --out FILE.json (where the results are written, rewritten after each "
+                       "row); or --fit FILE to refit the cost model from a results file")
+    if args.out is not None:
+        try:
+            device_check.check_out(args.out, "--out")
+        except (ValueError, TypeError) as e:
+            raise CLIError(str(e)) from None
+    if args.fit is not None:
+        try:
+            device_check.fit(args.fit, out=args.out)
+        except (ValueError, TypeError, FileNotFoundError) as e:
+            message = str(e)
+            raise CLIError("--fit: " + (message[5:] if message.startswith("fit: ") else message)) from None
+        return 0
+    device_check.run(toy=args.toy, budget_s=args.budget_s, out=args.out, backend=args.backend,
+                     acceptance=args.acceptance, plot=not args.no_plot)
+    return 0
+
+
 CHAT_EPILOG = f"""\
 examples:
   smcsd fetch {CHAT_MODEL}                              # once: download the default chat model
@@ -397,6 +431,30 @@ def build_parser() -> argparse.ArgumentParser:
 
     from .train import cli as train_cli
     train_cli.add_parser(sub)  # smcsd train-drafter: distil a drafter for a target (smcsd/train)
+
+    d = sub.add_parser("device-check", help="measure every method at real model shapes on this backend against the "
+                                            "cost model (JSON + plot), or refit the cost model from such a run",
+                       description="Build random-weight models at real shapes (Llama-3.1-8B + 3.2-1B, SmolLM2-135M "
+                                   "and its drafters) on the backend JAX finds, time a target call against tokens per "
+                                   "call and one cycle of ar, sd, sd-tree and smc over an N x K grid, and write each "
+                                   "row with the cost model's prediction. Stops within --budget-s, compile time "
+                                   "included; the JSON is rewritten after every row.",
+                       epilog=DEVICE_CHECK_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+    d.add_argument("--toy", action="store_true", help="tiny shapes on CPU (under 2 minutes)")
+    d.add_argument("--budget-s", type=positive_seconds, default=None, metavar="N",
+                   help="stop within N seconds, compile time included (default: 360; --toy: 110)")
+    d.add_argument("--backend", choices=("gpu", "tpu", "cpu"), default=None,
+                   help="run on this backend (default: whatever JAX finds); if absent, says so and runs on what "
+                        "there is")
+    d.add_argument("--out", metavar="FILE.json", default=None,
+                   help="results JSON (the plot goes beside it as FILE.png); with --fit: where the fit is written")
+    d.add_argument("--fit", metavar="FILE", default=None,
+                   help="refit the cost model's constants from a device-check results FILE (prints them; --out "
+                        "writes them) instead of measuring")
+    d.add_argument("--acceptance", type=fraction_type, default=0.81, metavar="A",
+                   help="per-token acceptance the throughput columns assume (default 0.81, as the Llama projections)")
+    d.add_argument("--no-plot", action="store_true", help="write the JSON only")
+    d.set_defaults(func=cmd_device_check)
 
     for name, script in EXPERIMENTS.items():
         what = ("speed of methods x particles x draft length x batch size: tokens/s, speed-up vs ar, "
