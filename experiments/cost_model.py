@@ -4,6 +4,8 @@ devices, from measured acceptance / ESS statistics and a memory-bandwidth roofli
     python experiments/cost_model.py                                   # presets + this machine's check
     python experiments/cost_model.py --device h100 tpu-v5e --bench experiments/results/bench_speed.json
     python experiments/cost_model.py --device cpu-measured --roofline experiments/results/roofline.json
+    python experiments/cost_model.py --device h100 --fitted h200_fit.json --bench experiments/results/bench_speed.json
+        # also project on a device refitted from a measured run (smcsd device-check --fit; docs/device_check.md)
 
 Assumptions (also printed with every run and stored in the JSON):
  1. Every model call (draft or target forward) is a roofline call:
@@ -438,6 +440,9 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--output-len", type=int, default=512, help="new tokens per request (presets)")
     ap.add_argument("--context", type=int, default=None,
                     help="tokens in the cache (presets; default prompt + half the output: the mean over a decode)")
+    ap.add_argument("--fitted", nargs="+", default=[], metavar="FIT.json",
+                    help="also project on each device refitted from a measured run (the JSON `smcsd device-check --fit "
+                         "RUN --out FIT.json` writes): its fitted bandwidth, FLOP rate, overhead and sampling cost")
     ap.add_argument("--overhead-us", type=float, default=1.0,
                     help="presets: fixed overhead per call per (layer + 1), µs (default 1: ~33 µs per 8B call)")
     ap.add_argument("--batch", type=int, default=1, help="batch size of the cpu-measured comparison")
@@ -514,8 +519,17 @@ def main(argv=None) -> int:
     pairs = _real_configs()
     if args.context is None:
         args.context = args.prompt_len + args.output_len // 2
-    for dname in [d for d in args.device if d in DEVICES]:
-        dev = dataclasses.replace(DEVICES[dname], overhead_s=args.overhead_us * 1e-6)
+    devices = [(d, dataclasses.replace(DEVICES[d], overhead_s=args.overhead_us * 1e-6))
+               for d in args.device if d in DEVICES]
+    for path in args.fitted:  # measured constants: the fitted overhead is kept (no --overhead-us)
+        with open(path) as f:
+            fitted = json.load(f)
+        if "fitted_device" not in fitted:
+            ap.error(f"argument --fitted: {path} has no fitted_device (write it with smcsd device-check --fit RUN "
+                     "--out FIT.json)")
+        devices.append((f"fitted:{fitted.get('source') or os.path.basename(path)}",
+                        device_from_dict(fitted["fitted_device"])))
+    for dname, dev in devices:
         for pname in args.pair:
             (tname, tcfg), (dn, dcfg) = pairs[pname]
             for B in args.batch_sizes:
