@@ -163,7 +163,8 @@ def program_parts(target_cfg, drafter, spec: StaticSpec):
     """
     B, N, K, out_len = spec.batch, spec.num_particles, spec.num_speculative_tokens, spec.out_len
     R, C = B * N, max_cycles(spec)
-    drafter = as_drafter(drafter)  # a Drafter, or a draft model's ModelConfig (tests, experiments)
+    # a Drafter, or a draft model's ModelConfig (tests, experiments); the proposal that covers p_T's support
+    drafter = as_drafter(drafter).importance_proposal()
     log_n = jnp.log(jnp.float32(N))
     rows_of = (jnp.arange(B, dtype=jnp.int32) * N)[:, None]  # [B, 1]: first global row of each request
 

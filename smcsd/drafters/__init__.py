@@ -14,6 +14,9 @@
   forward (method `flex`).
 - `MaskDrafter` (PARD-2): a small causal LM drafting K tokens in one forward over [pending, MASK x (K-1)],
   optionally with the target's hidden states added to its inputs (dual mode).
+- `EagleDrafter` (EAGLE-3): fused low / middle / high target features and the next token's embedding -> one decoder
+  layer -> a head over a draft vocabulary (`DraftVocab`, FR-Spec), autoregressive over its own features; reads and
+  writes EAGLE / SpecForge checkpoints.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ from __future__ import annotations
 from .ar import ARDrafter
 from .block import BlockConfig, BlockDrafter
 from .d2sd import D2SDDrafter
+from .eagle import EagleConfig, EagleDrafter
 from .flex import FlexDrafter
 from .local import FusedDrafter, LocalHead
 from .mask import MaskDrafter
@@ -28,9 +32,11 @@ from .specblock import OnlineAdapt, SpecBlockConfig, SpecBlockDrafter
 from .tree import TreeSpec
 from .base import Drafter, Proposal, TokenHistory, TreeProposal, initial_feed
 from .prompt_lookup import PromptLookup
+from .vocab import DraftVocab, stop_ids_of
 
 KINDS = {"ar": ARDrafter, "prompt-lookup": PromptLookup, "dflash": BlockDrafter, "d2sd": D2SDDrafter,
-         "pard2": MaskDrafter, "dels": FusedDrafter, "specblock": SpecBlockDrafter, "flex": FlexDrafter}
+         "pard2": MaskDrafter, "dels": FusedDrafter, "specblock": SpecBlockDrafter, "flex": FlexDrafter,
+         "eagle": EagleDrafter}
 
 
 def as_drafter(draft):
@@ -45,6 +51,7 @@ def as_drafter(draft):
                     f"or None, got {type(draft).__name__}")
 
 
-__all__ = ["ARDrafter", "BlockConfig", "BlockDrafter", "D2SDDrafter", "Drafter", "FlexDrafter", "FusedDrafter", "LocalHead",
+__all__ = ["ARDrafter", "BlockConfig", "BlockDrafter", "D2SDDrafter", "DraftVocab", "Drafter", "EagleConfig",
+           "EagleDrafter", "FlexDrafter", "FusedDrafter", "LocalHead",
            "MaskDrafter", "OnlineAdapt", "SpecBlockConfig", "SpecBlockDrafter", "TreeSpec", "KINDS", "PromptLookup", "Proposal", "TokenHistory", "TreeProposal",
-           "as_drafter", "initial_feed"]
+           "as_drafter", "initial_feed", "stop_ids_of"]

@@ -120,7 +120,8 @@ class Drafter:
 
     Class attributes a kind sets: `kind` (its name in `smcsd.available_drafters`), `hidden_layers` (target
     layers whose hidden states `init`/`observe` receive; empty: none are computed), `full_support` (every
-    proposal gives every token positive probability, so `smc` stays consistent), `max_tokens_per_proposal`
+    proposal `smc` runs, `importance_proposal()`'s, gives every token positive probability, so `smc` stays
+    consistent), `max_tokens_per_proposal`
     (the largest K it drafts; None: any), `supports_mesh`, `shares_prefix` (`init` takes `suffix_len`).
     """
 
@@ -161,6 +162,12 @@ class Drafter:
 
     def describe(self) -> str:
         return self.kind
+
+    def importance_proposal(self) -> "Drafter":
+        """The drafter `smc` runs. smc weights particles by p_T/q, so q must be > 0 wherever p_T is (`full_support`);
+        the exact methods need no such thing. Default: this drafter itself. A drafter whose plain proposal leaves
+        tokens out (a reduced draft vocabulary, smcsd/drafters/vocab.py) returns its twin with a floor mixed in."""
+        return self
 
     def calls_per_proposal(self, num_tokens: int) -> int:
         """Batched drafter forward calls per `propose` of `num_tokens` (stats.num_draft_calls)."""
