@@ -44,6 +44,7 @@ DEFAULT_BUDGET_S = 360.0  # real shapes: 6 minutes on one H200, compile time inc
 TOY_BUDGET_S = 110.0  # the toy: under 2 minutes on a 2-core CPU, start-up included
 DEFAULT_ACCEPTANCE = 0.81  # the per-token acceptance every Llama-8B/1B projection assumes (experiments/projections.py)
 BACKENDS = ("gpu", "tpu", "cpu")
+WEIGHTS_FRACTION = 0.6  # a pair is built only if its weights take at most this fraction of the device's memory
 TOP_FIELDS = ("schema", "created", "finished", "toy", "backend", "requested_backend", "fallback", "device",
               "device_kind", "platform", "jax_version", "dtype", "budget_s", "elapsed_s", "acceptance", "constants",
               "prediction_device", "prediction_source", "microbench_device", "peak_memory_bytes", "compile_s_total",
@@ -626,7 +627,8 @@ def run(toy: bool = False, budget_s: float | None = None, out: str = "device_che
                     skip(item, f"budget: needs ~{est:.0f} s, {budget.left():.1f} s left")
                     continue
                 t_c = time.perf_counter()
-                vocab = max(p.target.vocab_size for p in plan.pairs)
+                fits = [p for p in plan.pairs if limit is None or _param_bytes(p) <= WEIGHTS_FRACTION * limit] or plan.pairs
+                vocab = max(p.target.vocab_size for p in fits)  # the sampling cost at the largest vocabulary run
                 c = measure_constants(platform, dtype, plan.bandwidth_mib, plan.matmul_n, vocab)
                 budget.record("constants", "", time.perf_counter() - t_c)
                 result["constants"] = c
@@ -647,9 +649,9 @@ def run(toy: bool = False, budget_s: float | None = None, out: str = "device_che
             spec = pairs[item.pair]
             if spec.name not in built:
                 need = _param_bytes(spec)
-                if limit is not None and need > 0.6 * limit:
+                if limit is not None and need > WEIGHTS_FRACTION * limit:
                     skip(item, f"{spec.target_name} and its drafters need {need / 2**30:.1f} GiB of weights in "
-                               f"{dtype}, more than 60% of the {limit / 2**30:.1f} GiB this device has",
+                               f"{dtype}, more than {100 * WEIGHTS_FRACTION:.0f}% of the {limit / 2**30:.1f} GiB this device has",
                          once=spec.name)
                     continue
                 if budget.estimate("build", spec.name) > budget.left():
