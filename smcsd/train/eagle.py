@@ -1,0 +1,299 @@
+"""EAGLE-3 drafter training with training-time test (EAGLE-3, arXiv 2503.01840; HASS, arXiv 2408.15766).
+
+The target runs teacher-forced over a corpus (`TeacherStream` with `layers` = the drafter's three feature layers):
+tokens, the hidden states of those layers at every position and its top-k next-token log-probs. The drafter is
+unrolled on its own predicted features for k = 1..K (`eagle_unroll_outputs`): step 1 at row s reads the target's
+feature of position s − 1 and predicts x_{s+1}; step k reads its own output of step k − 1 and predicts x_{s+k} —
+exactly what decoding computes after a committed length s with x_{s+1..s+k−1} drafted (the gold tokens stand in for
+the drafts, the features are the drafter's own). Every step is supervised by the target's distribution at the
+position it predicts:
+
+    l_k = w_kl · KL(p̃_T ‖ q_k) + w_ce · CE(x_{s+k}),   loss = Σ_k γ^(k−1) · mean_s(l_k) / Σ_k γ^(k−1)
+
+with p̃_T the target's top-k log-probs restricted to the draft vocabulary and renormalised (q is 0 outside it, so
+that is the part of p_T the drafter can match), CE on the gold token where the vocabulary keeps it, and γ = 0.8 by
+default (SpecForge's per-step decay). Positions whose predicted token runs past the row are masked.
+
+Held-out metrics (the teacher's top-k: lower bounds where they sum over it): `greedy1` the first draft's greedy
+agreement with the target's argmax (its first-draft acceptance at T = 0), `accept_k` Σ_x min(p_T, q_k) per step
+(acceptance at T = 1, q_k on the gold prefix), `accept_len` E[Σ_k Π_{j≤k} α_j] and `greedy_len` the same with the
+greedy agreements (expected accepted length of a K-chain at T = 1 / T = 0, on the gold prefix), `kl`, `ce`.
+
+`TokenCorpus` packs token documents (a `SelfDistilledCorpus`'s conversations, `token_corpus`) into training rows with
+an explicit held-out split, for `TeacherStream`.
+"""
+
+from __future__ import annotations
+
+import functools
+import time
+from typing import Callable, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from ..drafters.eagle import EagleConfig, EagleDrafter, eagle_hf_config, eagle_unroll_outputs, head_logits
+from .data import TeacherStream, TextCorpus
+from .loop import TrainResult, placement, train, training_info
+
+__all__ = ["TokenCorpus", "eagle_loss", "token_corpus", "train_eagle"]
+
+
+# ----------------------------------------------------------------------------------------------- data
+
+class TokenCorpus(TextCorpus):
+    """Token documents packed into `seq_len` rows (`TextCorpus`'s batches, epochs and fingerprint, without a
+    tokenizer): `documents` (sequences of ids) are concatenated into the training rows; `heldout_documents` (if given)
+    into the held-out rows, else the last `heldout_frac` of the rows are held out. `eos_id` is appended to a document
+    that does not end with it (None: documents are taken as they are)."""
+
+    def __init__(self, documents: Sequence[Sequence[int]], *, seq_len: int, batch_size: int,
+                 heldout_documents: Sequence[Sequence[int]] | None = None, seed: int = 0, heldout_frac: float = 0.05,
+                 eos_id: int | None = None, max_tokens: int | None = None):
+        for name, v in (("seq_len", seq_len), ("batch_size", batch_size)):
+            if not isinstance(v, int) or v < 1:
+                raise ValueError(f"{name} must be a positive int, got {v!r}")
+        if seq_len < 3:
+            raise ValueError(f"seq_len must be >= 3 (an EAGLE pair and the token it predicts), got {seq_len}")
+        if not 0 <= heldout_frac < 1:
+            raise ValueError(f"heldout_frac must be in [0, 1), got {heldout_frac!r}")
+        documents = list(documents)
+        if not documents:
+            raise ValueError("documents is empty: pass at least one token document")
+        self.seq_len, self.batch_size, self.seed, self.heldout_frac = seq_len, batch_size, seed, heldout_frac
+
+        def pack(docs):
+            parts = []
+            for d in docs:
+                ids = np.asarray(d, np.int32).reshape(-1)
+                if eos_id is not None and (len(ids) == 0 or ids[-1] != eos_id):
+                    ids = np.append(ids, np.int32(eos_id))
+                parts.append(ids)
+            stream = np.concatenate(parts) if parts else np.zeros((0,), np.int32)
+            return stream
+
+        stream = pack(documents)
+        if max_tokens is not None:
+            stream = stream[:max_tokens]
+        self.num_documents = len(documents) + (len(heldout_documents) if heldout_documents is not None else 0)
+        n_rows = len(stream) // seq_len
+        rows = stream[:n_rows * seq_len].reshape(n_rows, seq_len)
+        if heldout_documents is not None:
+            held = pack(heldout_documents)
+            n_held = len(held) // seq_len
+            self.train_rows, self.heldout_rows = rows, held[:n_held * seq_len].reshape(n_held, seq_len)
+            self.num_tokens = int(len(stream) + len(held))
+        else:
+            n_held = min(n_rows - 1, max(1, round(heldout_frac * n_rows))) if heldout_frac > 0 and n_rows > 1 else 0
+            self.train_rows, self.heldout_rows = rows[:n_rows - n_held], rows[n_rows - n_held:]
+            self.num_tokens = int(len(stream))
+        if len(self.train_rows) < batch_size:
+            raise ValueError(f"the documents give {len(self.train_rows)} training rows of seq_len {seq_len}, fewer than "
+                             f"one batch of batch_size = {batch_size}; add documents or lower batch_size / seq_len")
+        self.batches_per_epoch = len(self.train_rows) // batch_size
+
+
+def token_corpus(corpus, *, seq_len: int, batch_size: int, seed: int = 0, include_text: bool = True,
+                 max_tokens: int | None = None) -> TokenCorpus:
+    """A `TokenCorpus` of a `smcsd.train.corpus.SelfDistilledCorpus`: its training conversations (prompt + the
+    target's answer; with `include_text` also its local text documents) as training rows and its held-out
+    conversations (prompts no training row holds) as held-out rows."""
+    return TokenCorpus(corpus.documents("train", include_text=include_text), seq_len=seq_len, batch_size=batch_size,
+                       heldout_documents=corpus.documents("heldout", include_text=False), seed=seed,
+                       max_tokens=max_tokens)
+
+
+# ----------------------------------------------------------------------------------------------- loss
+
+def _targets(batch, T: int, steps: int):
+    """Per step k (0-based) the teacher's arrays and gold tokens at the positions row s predicts (s + k + 1, teacher
+    at s + k), rows s = 1..T−1 -> `[steps, B, T−1, ...]`, and the valid mask `[steps, 1, T−1]`."""
+    S = T - 1
+    s = jnp.arange(1, T)
+    pos = s[None, :] + jnp.arange(steps)[:, None]  # [steps, S] teacher positions
+    valid = (pos + 1 <= T - 1)[:, None, :]
+    idx = jnp.minimum(pos, T - 1)
+    gold = jnp.minimum(pos + 1, T - 1)
+    take = lambda a, i: jnp.stack([a[:, i[k]] for k in range(steps)])  # noqa: E731  [steps, B, S, ...]
+    return (take(batch["topk_ids"], idx), take(batch["topk_logp"], idx), take(batch["tokens"], gold), valid)
+
+
+def _step_terms(logits, ids, lp, gold, t2d):
+    """Per position: KL(p̃ ‖ q) over the kept part of the teacher's top-k, CE of the gold token (0 where it is not
+    kept), whether each is defined, and the greedy agreement / acceptance (top-k lower bound) with the full p_T."""
+    logq = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)  # [..., V']
+    d = jnp.take(t2d, ids)  # [..., k] draft index or -1
+    kept = d >= 0
+    lq_ids = jnp.take_along_axis(logq, jnp.maximum(d, 0), axis=-1)
+    lpk = jnp.where(kept, lp, -jnp.inf)
+    z = jax.nn.logsumexp(lpk, axis=-1, keepdims=True)
+    has = jnp.isfinite(z[..., 0])
+    lpt = jnp.where(kept, lp - jnp.where(jnp.isfinite(z), z, 0.0), 0.0)  # p̃ (log), 0 where not kept (masked)
+    pt = jnp.where(kept, jnp.exp(lpt), 0.0)
+    kl = jnp.sum(jnp.where(kept, pt * (lpt - lq_ids), 0.0), axis=-1)
+    dg = jnp.take(t2d, gold)
+    ce = -jnp.take_along_axis(logq, jnp.maximum(dg, 0)[..., None], axis=-1)[..., 0]
+    q_ids = jnp.where(kept, jnp.exp(lq_ids), 0.0)
+    accept = jnp.sum(jnp.minimum(jnp.exp(lp), q_ids), axis=-1)
+    agree = (jnp.argmax(logits, axis=-1) == jnp.maximum(d[..., 0], 0)) & kept[..., 0]
+    return kl, has, ce, dg >= 0, accept, agree
+
+
+@functools.lru_cache(maxsize=16)
+def eagle_loss(config: EagleConfig, steps: int, step_decay: float = 0.8, ce_weight: float = 0.1,
+               kl_weight: float = 1.0) -> Callable:
+    """loss_fn(net_params, batch) -> (loss, aux) for `train`: the training-time-test loss of the module docstring.
+
+    batch: `tokens [B, T]`, `hidden [B, T, 3H]`, `topk_ids` / `topk_logp [B, T, k]` (a `TeacherStream` batch), the
+    target's `embed [V, H]` and `t2d int32[V]` (draft index of each target id, −1 outside; frozen: passed as data).
+    Each step's head and loss run under `jax.checkpoint`, so the backward pass keeps no `[B, T, V′]` logits per step."""
+    if steps < 1:
+        raise ValueError(f"ttt_steps must be >= 1, got {steps}")
+    w = np.asarray([step_decay ** k for k in range(steps)], np.float32)
+    w = w / w.sum()
+
+    def per_step(net_params, a, ids, lp, gold, valid, t2d):
+        kl, has, ce, ce_ok, _, agree = _step_terms(head_logits(config, net_params, a), ids, lp, gold, t2d)
+        m_kl = (valid & has).astype(jnp.float32)
+        m_ce = (valid & ce_ok).astype(jnp.float32)
+        m = valid.astype(jnp.float32)
+        n_kl, n_ce = jnp.maximum(m_kl.sum(), 1.0), jnp.maximum(m_ce.sum(), 1.0)
+        return ((kl * m_kl).sum() / n_kl, (ce * m_ce).sum() / n_ce,
+                jax.lax.stop_gradient((agree * m).sum() / jnp.maximum(m.sum(), 1.0)))
+
+    step_fn = jax.checkpoint(per_step)
+
+    def loss_fn(net_params, batch):
+        tokens = batch["tokens"]
+        T = tokens.shape[1]
+        a = eagle_unroll_outputs(config, net_params, batch["embed"], tokens, batch["hidden"], steps)
+        ids, lp, gold, valid = _targets(batch, T, steps)
+        valid = jnp.broadcast_to(valid, gold.shape)
+        kls, ces, agrees = [], [], []
+        for k in range(steps):
+            kl, ce, agree = step_fn(net_params, a[k], ids[k], lp[k], gold[k], valid[k], batch["t2d"])
+            kls.append(kl)
+            ces.append(ce)
+            agrees.append(agree)
+        kl, ce = jnp.stack(kls), jnp.stack(ces)
+        loss = jnp.sum(w * (kl_weight * kl + ce_weight * ce))
+        return loss, {"kl1": kl[0], f"kl{steps}": kl[-1], "ce1": ce[0], "greedy1": agrees[0]}
+    return loss_fn
+
+
+@functools.lru_cache(maxsize=16)
+def _eval_program(config: EagleConfig, steps: int):
+    """jit(net_params, batch) -> sums over valid positions: kl [K], ce [K], accept [K], greedy [K], counts [K], and over
+    rows valid for every step: accept_len, greedy_len, their count."""
+    def ev(net_params, batch):
+        T = batch["tokens"].shape[1]
+        a = eagle_unroll_outputs(config, net_params, batch["embed"], batch["tokens"], batch["hidden"], steps)
+        ids, lp, gold, valid = _targets(batch, T, steps)
+        valid = jnp.broadcast_to(valid, gold.shape)
+        out = [[], [], [], [], []]
+        alphas, agrees = [], []
+        for k in range(steps):
+            kl, has, ce, ce_ok, acc, agree = _step_terms(head_logits(config, net_params, a[k]), ids[k], lp[k], gold[k],
+                                                         batch["t2d"])
+            m = valid[k].astype(jnp.float32)
+            out[0].append((kl * m * has).sum())
+            out[1].append((ce * m * ce_ok).sum())
+            out[2].append((acc * m).sum())
+            out[3].append((agree * m).sum())
+            out[4].append(m.sum())
+            alphas.append(acc)
+            agrees.append(agree.astype(jnp.float32))
+        full = valid[-1].astype(jnp.float32)  # rows with every step inside the sequence
+        acc_len = (jnp.cumprod(jnp.stack(alphas), axis=0).sum(0) * full).sum()
+        greedy_len = (jnp.cumprod(jnp.stack(agrees), axis=0).sum(0) * full).sum()
+        return tuple(jnp.stack(x) for x in out) + (acc_len, greedy_len, full.sum())
+    return jax.jit(ev)
+
+
+# ----------------------------------------------------------------------------------------------- recipe
+
+def train_eagle(target, drafter: EagleDrafter, corpus: TextCorpus | TeacherStream, *, steps: int, ttt_steps: int = 5,
+                step_decay: float = 0.8, lr: float = 1e-3, warmup: int | None = None, clip: float = 1.0,
+                weight_decay: float = 0.1, ce_weight: float = 0.1, kl_weight: float = 1.0, topk: int = 32,
+                cache_dir: str | None = None, ckpt_dir: str | None = None, resume: bool = False,
+                overwrite: bool = False, out: str | None = None, export_dtype: str = "float32",
+                eval_every: int = 100, ckpt_every: int = 100, eval_rows: int | None = 64, progress: bool = True,
+                stop_after: int | None = None, curves_path: str | None = None, command: str | None = None,
+                mesh=None) -> TrainResult:
+    """Train `drafter` (an `EagleDrafter`, e.g. `EagleDrafter.create(target, draft_vocab=...)`) for `target` on
+    `corpus` (a `TextCorpus` / `TokenCorpus`, or a ready `TeacherStream` carrying the drafter's layers and top-k) with
+    training-time test over `ttt_steps` = K unrolled steps (module docstring).
+
+    The target's embedding, the draft vocabulary and the target itself stay frozen; the drafter's own weights (`fc`,
+    the decoder layer, `norm`, `lm_head`) are trained from `drafter.params`. Held-out metrics every `eval_every` steps
+    (module docstring). out: `drafter.save` directory (EAGLE / SpecForge layout) with `training.json` (settings, final
+    metrics, wall time, token budget, command) once the run finishes. Resumable (`ckpt_dir`, `resume`): a resumed run
+    reproduces the uninterrupted one's losses. mesh: a ("data", "model") device mesh (`smcsd.train.loop.placement`)."""
+    if not isinstance(drafter, EagleDrafter):
+        raise TypeError(f"drafter must be an EagleDrafter, got {type(drafter).__name__}")
+    if isinstance(ttt_steps, bool) or not isinstance(ttt_steps, int) or ttt_steps < 1:
+        raise ValueError(f"ttt_steps must be an int >= 1 (the unrolled draft steps), got {ttt_steps!r}")
+    if not 0 < step_decay <= 1:
+        raise ValueError(f"step_decay must be in (0, 1], got {step_decay!r}")
+    pl = placement(mesh)
+    drafter = drafter.bind(target)
+    config = drafter.eagle_config
+    stream = corpus if isinstance(corpus, TeacherStream) else TeacherStream(
+        target, corpus, topk=topk, layers=drafter.hidden_layers, cache_dir=cache_dir, mesh=pl.mesh)
+    if tuple(stream.layers) != drafter.hidden_layers:
+        raise ValueError(f"the teacher stream carries target layers {stream.layers}, the drafter reads "
+                         f"{drafter.hidden_layers}")
+    if not stream.topk:
+        raise ValueError("train_eagle needs a top-k teacher stream (topk >= 1)")
+    corpus = stream.corpus
+    if corpus.seq_len < ttt_steps + 2:
+        raise ValueError(f"seq_len {corpus.seq_len} is too short for {ttt_steps} unrolled steps (needs >= "
+                         f"{ttt_steps + 2})")
+    pl.check_rows(corpus.batch_size)
+    rows = pl.local_rows(corpus.batch_size)
+    V = target.config.vocab_size
+    t2d = np.arange(V, dtype=np.int32) if drafter.vocab is None else drafter.vocab.target_to_draft
+    frozen = {"embed": pl.shard_frozen({"embed": drafter.shared["embed"]}, target.config)["embed"],
+              "t2d": pl.replicate(jnp.asarray(t2d))}
+    loss_fn = eagle_loss(config, ttt_steps, float(step_decay), float(ce_weight), float(kl_weight))
+
+    def batches(step):
+        return {**stream.batch(step, rows), **frozen}
+
+    ev_prog = _eval_program(config, ttt_steps)
+
+    def eval_fn(p):
+        tot = None
+        for b in stream.eval_batches(eval_rows):
+            r = [np.asarray(x, np.float64) for x in pl.to_host(ev_prog(p, pl.shard_global({**b, **frozen})))]
+            tot = r if tot is None else [x + y for x, y in zip(tot, r)]
+        kl, ce, acc, agree, n, acc_len, greedy_len, full = tot
+        n = np.maximum(n, 1)
+        res = {"kl": float(kl.sum() / n.sum()), "ce": float(ce.sum() / n.sum()), "greedy1": float(agree[0] / n[0]),
+               "accept1": float(acc[0] / n[0]), "accept": float(acc.sum() / n.sum()),
+               "accept_len": float(acc_len / max(full, 1)), "greedy_len": float(greedy_len / max(full, 1))}
+        if ttt_steps > 1:
+            res[f"accept{ttt_steps}"] = float(acc[-1] / n[-1])
+        return res
+
+    vocab_id = None if drafter.vocab is None else hash(drafter.vocab)
+    meta = {"recipe": "train_eagle", "eagle_config": eagle_hf_config(config), "draft_vocab": vocab_id,
+            "target_config": stream.config.to_dict(), "target_params": stream.params_fingerprint,
+            "corpus": corpus.fingerprint, "batch_size": corpus.batch_size, "seq_len": corpus.seq_len,
+            "data_seed": corpus.seed, "ttt_steps": ttt_steps, "step_decay": step_decay, "ce_weight": ce_weight,
+            "kl_weight": kl_weight, "topk": stream.topk}
+    name = getattr(target, "name", "target")
+    t0 = time.time()
+    res = train(loss_fn, drafter.params, batches, steps=steps, lr=lr, warmup=warmup, clip=clip,
+                weight_decay=weight_decay, ckpt_dir=ckpt_dir, resume=resume, overwrite=overwrite,
+                eval_fn=eval_fn if len(corpus.heldout_rows) else None, eval_every=eval_every,
+                ckpt_every=ckpt_every, progress=progress, stop_after=stop_after, curves_path=curves_path,
+                meta=meta, desc=f"eagle drafter for {name}", command=command, mesh=pl)
+    h = res.history
+    if out and h["finished"]:
+        info = training_info("train_eagle", name, stream, res, steps, export_dtype, ttt_steps=ttt_steps,
+                             draft_vocab_size=config.draft_vocab_size, target_layers=list(drafter.hidden_layers),
+                             this_process_s=round(time.time() - t0, 1))
+        pl.on_lead(lambda: drafter.with_params(res.params).save(out, export_dtype, info))
+    return res
