@@ -231,7 +231,8 @@ def call_seconds(call: Call, dev: Device) -> tuple[float, str]:
     """(seconds, bound) of one run of `call` on `dev` (its count not applied)."""
     mem = call.bytes / dev.bandwidth
     comp = call.flops / dev.flops
-    t = (max(mem, comp) if dev.overlap else mem + comp) + call.units * dev.overhead_s + call.logit_rows * dev.logits_row_s
+    t = (max(mem, comp) if dev.overlap else mem + comp) + call.units * dev.overhead_s \
+        + call.logit_rows * dev.logits_row_s
     return t, ("memory" if mem >= comp else "compute")
 
 
@@ -422,7 +423,8 @@ def fit_device(rows_calls: Sequence[Sequence[Call]], measured_s: Sequence[float]
 
     theta0 = theta_of(base)
     best = None
-    starts = [base, dataclasses.replace(base, flops=base.flops * 1e6), dataclasses.replace(base, bandwidth=base.bandwidth * 1e6)]
+    starts = [base, dataclasses.replace(base, flops=base.flops * 1e6),  # as given; all memory-bound; all compute-bound
+              dataclasses.replace(base, bandwidth=base.bandwidth * 1e6)]
     for start in starts:
         bounds, theta, cols = bounds_of(start), theta0, None
         for _ in range(iterations):

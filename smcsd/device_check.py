@@ -52,7 +52,8 @@ TOP_FIELDS = ("schema", "created", "finished", "toy", "backend", "requested_back
 ROW_FIELDS = ("kind", "method", "pair", "target", "draft", "drafter", "batch", "num_particles",
               "num_speculative_tokens", "tree", "tokens_per_call", "rows", "prompt_len", "cache_len", "measured_ms",
               "predicted_ms", "predicted_ms_microbench", "rel_error", "bound", "bytes", "flops", "achieved_gbs",
-              "fraction_of_roofline", "achieved_tflops", "refit_ms", "compile_s", "cycles_measured", "tokens_per_cycle_measured",
+              "fraction_of_roofline", "achieved_tflops", "refit_ms", "compile_s", "cycles_measured",
+              "tokens_per_cycle_measured",
               "resample_rate", "model_tokens_per_cycle", "projected_tokens_per_s", "predicted_tokens_per_s",
               "peak_memory_bytes", "backend", "device", "calls")
 
@@ -73,7 +74,8 @@ def check_out(out, what: str = "out") -> str:
         raise TypeError(f"{what} must be a file path such as 'device_check.json', got {out!r}")
     out = os.fspath(out)
     if os.path.isdir(out):
-        raise ValueError(f"{what} {out!r} is a directory; give a file path such as {os.path.join(out, 'device_check.json')!r}")
+        raise ValueError(f"{what} {out!r} is a directory; give a file path such as "
+                         f"{os.path.join(out, 'device_check.json')!r}")
     parent = os.path.dirname(os.path.abspath(out))
     if not os.path.isdir(parent):
         raise ValueError(f"{what} {out!r}: directory {parent!r} does not exist; create it first or choose another path")
@@ -93,7 +95,8 @@ def resolve_backend(requested: str | None, warn: Callable[[str], None] | None = 
     requested backend this machine lacks is reported in one line (on stderr by default) and the default is used."""
     import jax
     if requested is not None and requested not in BACKENDS:
-        raise ValueError(f"backend must be one of {', '.join(BACKENDS)} (or None: whatever JAX finds), got {requested!r}")
+        raise ValueError(f"backend must be one of {', '.join(BACKENDS)} (or None: whatever JAX finds), got "
+                         f"{requested!r}")
     default = jax.default_backend()
     if requested is None or requested == default:
         return default, None
@@ -590,10 +593,10 @@ def run(toy: bool = False, budget_s: float | None = None, out: str = "device_che
               "device_kind": device.device_kind, "platform": platform, "jax_version": jax.__version__, "dtype": dtype,
               "budget_s": budget_s, "elapsed_s": 0.0, "acceptance": acceptance, "constants": None,
               "prediction_device": None, "prediction_source": None, "microbench_device": None,
-              "peak_memory_bytes": _peak(device), "compile_s_total": 0.0, "rows": [], "skipped": [], "fit": None,
-              "plot": None, "settings": {"prompt_len": plan.prompt_len, "call_cache_len": plan.call_cache_len,
-                                         "cycles": plan.cycles, "repeats": plan.repeats,
-                                         "call_loop": plan.call_loop}}
+              "peak_memory_bytes": _peak(device), "compile_s_total": 0.0, "build_s": {}, "rows": [], "skipped": [],
+              "fit": None, "plot": None,
+              "settings": {"prompt_len": plan.prompt_len, "call_cache_len": plan.call_cache_len, "cycles": plan.cycles,
+                           "repeats": plan.repeats, "call_loop": plan.call_loop}}
     say(f"device-check on {device.device_kind} ({platform}, {dtype}), budget {budget_s:g} s"
         + (" [toy]" if toy else "") + f": {len(plan.items)} measurements planned, most valuable first")
     built: dict = {}
@@ -627,8 +630,8 @@ def run(toy: bool = False, budget_s: float | None = None, out: str = "device_che
                     skip(item, f"budget: needs ~{est:.0f} s, {budget.left():.1f} s left")
                     continue
                 t_c = time.perf_counter()
-                fits = [p for p in plan.pairs if limit is None or _param_bytes(p) <= WEIGHTS_FRACTION * limit] or plan.pairs
-                vocab = max(p.target.vocab_size for p in fits)  # the sampling cost at the largest vocabulary run
+                fits = [p for p in plan.pairs if limit is None or _param_bytes(p) <= WEIGHTS_FRACTION * limit]
+                vocab = max(p.target.vocab_size for p in fits or plan.pairs)  # the largest vocabulary that runs
                 c = measure_constants(platform, dtype, plan.bandwidth_mib, plan.matmul_n, vocab)
                 budget.record("constants", "", time.perf_counter() - t_c)
                 result["constants"] = c
@@ -651,8 +654,8 @@ def run(toy: bool = False, budget_s: float | None = None, out: str = "device_che
                 need = _param_bytes(spec)
                 if limit is not None and need > WEIGHTS_FRACTION * limit:
                     skip(item, f"{spec.target_name} and its drafters need {need / 2**30:.1f} GiB of weights in "
-                               f"{dtype}, more than {100 * WEIGHTS_FRACTION:.0f}% of the {limit / 2**30:.1f} GiB this device has",
-                         once=spec.name)
+                               f"{dtype}, more than {100 * WEIGHTS_FRACTION:.0f}% of the {limit / 2**30:.1f} GiB "
+                               "this device has", once=spec.name)
                     continue
                 if budget.estimate("build", spec.name) > budget.left():
                     skip(item, f"budget: building {spec.name} would not fit in the {budget.left():.0f} s left")
@@ -660,7 +663,7 @@ def run(toy: bool = False, budget_s: float | None = None, out: str = "device_che
                 say(f"  building {spec.name} (random weights, {need / 2**30:.2f} GiB)")
                 built[spec.name] = Built(spec, platform)
                 budget.record("build", spec.name, built[spec.name].build_s)
-                result.setdefault("build_s", {})[spec.name] = built[spec.name].build_s
+                result["build_s"][spec.name] = built[spec.name].build_s
             b = built[spec.name]
             try:
                 row = _measure(item, b, plan, budget, dev_pred, dev_micro, platform, device, acceptance, skip)

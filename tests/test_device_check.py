@@ -186,14 +186,14 @@ def test_experiments_cost_model_is_the_library_one():
 def test_toy_run_writes_measured_and_predicted_rows(tmp_path):
     """`smcsd device-check --toy --out F.json` on this CPU: rows for ar, sd and smc with measured and predicted times
     and the backend, the JSON complete (with the refit) and a plot beside it. The budget is raised from the toy's
-    110 s because a shared CI machine compiles 3-5x slower than an idle one (the decode programs' compiles are most
-    of the run); what is checked here is the rows, not the speed."""
+    110 s to 150 s: ar, sd and smc come first, and under a load average of 9 on this 2-core machine their compiles
+    took up to 109 s (the decode programs' compiles are most of the run); what is checked is the rows, not speed."""
     out = tmp_path / "toy.json"
-    assert main(["device-check", "--toy", "--budget-s", "240", "--out", str(out)]) == 0
+    assert main(["device-check", "--toy", "--budget-s", "150", "--out", str(out)]) == 0
     res = json.loads(out.read_text())
     assert res["schema"] == dc.SCHEMA and res["finished"] and res["backend"] == "cpu" and res["toy"]
     assert set(dc.TOP_FIELDS) <= set(res)
-    assert res["elapsed_s"] < 240 + 60  # at most one measurement past the budget
+    assert res["elapsed_s"] < 150 + 60  # at most one measurement past the budget
     by_method = {}
     for r in res["rows"]:
         assert set(dc.ROW_FIELDS) <= set(r)
