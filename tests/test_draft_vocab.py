@@ -33,6 +33,7 @@ def test_from_counts_keeps_the_most_frequent_and_the_stop_ids():
     assert len(w) == 4 and w.vocab_size == 8 and w.contains([2, 6]) and not w.contains([0])
     assert DraftVocab.from_ids([5, 3, 2, 6], 8) == w and hash(DraftVocab.from_ids([6, 5, 3, 2], 8)) == hash(w)
     assert DraftVocab.from_ids([5, 3, 2, 7], 8) != w
+    assert w.fingerprint == "d364866f5df3a6105bc0"  # stable across processes (a resumed run's metadata holds it)
 
 
 def test_eagle_maps_round_trip():

@@ -481,7 +481,7 @@ def test_training_resume_is_exact(tmp_path):
     target, corpus = _byte_setup(batch_size=4, seq_len=16, heldout_frac=0.0)
     d = EagleDrafter.create(target, draft_vocab=_byte_vocab(target, corpus), seed=0)
     stream = TeacherStream(target, corpus, topk=8, layers=d.hidden_layers)
-    kw = dict(steps=4, ttt_steps=2, lr=3e-3, progress=False)
+    kw = dict(steps=4, ttt_steps=3, ttt_rows=4, lr=3e-3, progress=False)
     straight = train_eagle(target, d, stream, ckpt_dir=str(tmp_path / "a"), **kw)
     part = train_eagle(target, d, stream, ckpt_dir=str(tmp_path / "b"), stop_after=2, **kw)
     assert len(part.history["train"]) == 2 and not part.history["finished"]
@@ -522,6 +522,29 @@ def test_training_unroll_matches_decoding_and_loss_masks():
             assert float(got[k + 1]) < 1e-5, (k, aux)
             other = K if k == 0 else 1
             assert float(got[other]) > 1e-3, (k, aux)
+
+
+def test_unroll_on_a_subset_of_rows():
+    """Steps 2..K unrolled on chosen rows only give those rows' outputs of the full unroll (a row's later steps see
+    the other rows only through step 1's keys), so training can supervise them on a sample of positions."""
+    from smcsd.drafters.eagle import eagle_unroll_at
+    from smcsd.train.eagle import sample_rows
+    target = deep_target()
+    d = eagle(target)
+    rng = np.random.default_rng(3)
+    tokens = jnp.asarray(rng.integers(0, 6, (2, 12)), jnp.int32)
+    hid = hidden_of(target, d, tokens)
+    rows = jnp.asarray(sample_rows(0, 5, 2, 12, 4, 3))
+    assert rows.shape == (2, 4) and int(rows.min()) >= 1 and int(rows.max()) <= 12 - 1 - 3
+    full, sub = jax.jit(lambda: (eagle_unroll_at(d.eagle_config, d.params, d.shared["embed"], tokens, hid, 3),
+                                 eagle_unroll_at(d.eagle_config, d.params, d.shared["embed"], tokens, hid, 3, rows)))()
+    np.testing.assert_allclose(np.asarray(sub[0]), np.asarray(full[0]), atol=1e-5)
+    for k in (1, 2):
+        want = np.take_along_axis(np.asarray(full[k]), np.asarray(rows - 1)[:, :, None], axis=1)
+        np.testing.assert_allclose(np.asarray(sub[k]), want, atol=1e-4)
+    np.testing.assert_array_equal(sample_rows(0, 5, 2, 12, 4, 3), np.asarray(rows))  # a function of (seed, step)
+    with pytest.raises(ValueError, match="too short"):
+        sample_rows(0, 0, 1, 5, 2, 4)
 
 
 @pytest.mark.slow

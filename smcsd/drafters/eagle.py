@@ -56,7 +56,7 @@ from .tree import product_tree, static_ancestors
 from .vocab import DraftVocab, floor_mixture, sample_floor_mixture, stop_ids_of
 
 __all__ = ["EagleConfig", "EagleDrafter", "EagleNet", "EagleState", "default_target_layers", "eagle_hf_config",
-           "eagle_unroll_logits", "eagle_unroll_outputs", "head_logits"]
+           "eagle_unroll_at", "eagle_unroll_logits", "eagle_unroll_outputs", "head_logits"]
 
 ARCHITECTURE = "LlamaForCausalLMEagle3"  # the EAGLE / SpecForge config's architecture name
 
@@ -68,9 +68,10 @@ def _linear(features, name, dtype, std, bias=False):
 
 def default_target_layers(num_target_layers: int) -> tuple[int, int, int]:
     """EAGLE-3's low / middle / high feature layers, as indices of layer *outputs*: (1, L//2 − 1, L − 4), what
-    SpecForge and SGLang capture (the inputs of layers 2, L//2 and L − 3). Shallow targets (L < 6): spread over 0..L−1."""
+    SpecForge and SGLang capture (the inputs of layers 2, L//2 and L − 3). Shallow targets (L < 8, where that rule
+    repeats a layer): spread over 0..L−1."""
     L = int(num_target_layers)
-    if L >= 6:
+    if L >= 8:
         return (1, L // 2 - 1, L - 4)
     return tuple(int(round(x)) for x in np.linspace(0, L - 1, 3))
 
@@ -226,50 +227,64 @@ def eagle_unroll_logits(config: EagleConfig, net_params, embed, tokens, hidden, 
 def eagle_unroll_outputs(config: EagleConfig, net_params, embed, tokens, hidden, steps: int):
     """The training-time-test unroll (EAGLE-3 "training-time test"; HASS's multi-step alignment), cache-free: the
     layer's outputs `[steps, B, T−1, H]` (before the final norm and head) for rows s = 1..T−1 of `tokens [B, T]` with
-    the target's hidden states `hidden [B, T, 3H]`.
+    the target's hidden states `hidden [B, T, 3H]` (`eagle_unroll_at` with every row at every step)."""
+    return jnp.stack(eagle_unroll_at(config, net_params, embed, tokens, hidden, steps))
+
+
+def eagle_unroll_at(config: EagleConfig, net_params, embed, tokens, hidden, steps: int, rows=None):
+    """The training-time-test unroll, cache-free: a list of the layer's outputs per step, `[B, T−1, H]` at step 1
+    (rows s = 1..T−1 of `tokens [B, T]`, with the target's hidden states `hidden [B, T, 3H]`) and `[B, A, H]` at steps
+    2..K for the rows s = `rows [B, A]` (None: every row, A = T−1).
 
     Iteration 0, row s: the pair (g_{s−1}, e(x_s)) at position s, causal over the pairs 1..s; it predicts x_{s+1}.
     Iteration i >= 1, row s: the pair (a^{i−1}_s, e(x_{s+i})) at position s + i, where a^{i−1}_s is row s's output
     of iteration i−1 (the drafter's own feature), attending to the pairs 1..s of iteration 0 and to row s's own pairs
     of iterations 1..i; it predicts x_{s+i+1}. That is what `EagleDrafter.propose`'s step i + 1 computes after a
-    committed length s with x_{s+1..s+i} drafted, so training sees exactly what decoding runs. Rows whose tokens run
-    past T (s + i > T − 1) read token 0: their logits are meaningless and a loss must mask them."""
+    committed length s with x_{s+1..s+i} drafted, so training sees exactly what decoding runs. A row's later
+    iterations depend on the other rows only through iteration 0's keys, so steps 2..K can run on a subset of rows
+    (training's cost is mostly the head over every row at every step). Rows whose tokens run past T (s + i > T − 1)
+    read token 0: their outputs are meaningless and a loss must mask them."""
     c = config.model
     dt = c.jnp_dtype
     B, T = tokens.shape
     S = T - 1
-    f = _net_apply(config, net_params, EagleNet.fuse, hidden)
-    feat = f[:, :-1]
-    base = jnp.broadcast_to(jnp.arange(1, T, dtype=jnp.int32), (B, S))
     hq, hk, hd = c.num_attention_heads, c.num_key_value_heads, c.head_dim
     g = hq // hk
-    causal = jnp.tril(jnp.ones((S, S), bool))
-    k0 = v0 = None
-    diag_k, diag_v, outs = [], [], []
-    for i in range(steps):
-        toks = jnp.pad(tokens[:, 1 + i:], ((0, 0), (0, i)))[:, :S]
-        q, k, v = _net_apply(config, net_params, EagleNet.qkv, jnp.take(embed, toks, axis=0).astype(dt), feat,
-                             base + i)
-        if i == 0:
-            k0, v0 = k, v
-        else:
-            diag_k.append(k)
-            diag_v.append(v)
-        qg = q.reshape(B, S, hk, g, hd)
-        s0 = jnp.einsum("bqhgd,bkhd->bhgqk", qg, k0, preferred_element_type=jnp.float32) * hd ** -0.5
-        s0 = jnp.where(causal, s0, -1e30)
-        extra = [jnp.einsum("bqhgd,bqhd->bhgq", qg, kj, preferred_element_type=jnp.float32) * hd ** -0.5
-                 for kj in diag_k]
-        scores = jnp.concatenate([s0] + [e[..., None] for e in extra], axis=-1)  # [B, hk, g, S, S + i]
+    scale = hd ** -0.5
+    f = _net_apply(config, net_params, EagleNet.fuse, hidden)
+    all_rows = jnp.broadcast_to(jnp.arange(1, T, dtype=jnp.int32), (B, S))
+    rows = all_rows if rows is None else jnp.asarray(rows, jnp.int32)
+    emb = lambda pos: jnp.take(embed, jnp.take_along_axis(tokens, jnp.minimum(pos, T - 1), axis=1) * (pos < T),  # noqa: E731
+                               axis=0).astype(dt)
+
+    # iteration 0: every row, causal
+    q, k0, v0 = _net_apply(config, net_params, EagleNet.qkv, emb(all_rows), f[:, :-1], all_rows)
+    att = attend(q, [Part(k0, v0, jnp.broadcast_to(jnp.tril(jnp.ones((S, S), bool)), (B, S, S)))], dt)
+    a = _net_apply(config, net_params, EagleNet.out, f[:, :-1], att)
+    outs = [a]
+    if steps == 1:
+        return outs
+    feat = jnp.take_along_axis(a, (rows - 1)[:, :, None], axis=1)  # [B, A, H]
+    A = rows.shape[1]
+    ctx = jnp.arange(S)[None, None, :] <= (rows - 1)[:, :, None]  # [B, A, S]: pairs 1..s of iteration 0
+    diag_k, diag_v = [], []
+    for i in range(1, steps):
+        q, k, v = _net_apply(config, net_params, EagleNet.qkv, emb(rows + i), feat, rows + i)
+        diag_k.append(k)
+        diag_v.append(v)
+        qg = q.reshape(B, A, hk, g, hd)
+        s0 = jnp.einsum("bqhgd,bkhd->bhgqk", qg, k0, preferred_element_type=jnp.float32) * scale
+        s0 = jnp.where(ctx[:, None, None], s0, -1e30)
+        extra = [jnp.einsum("bqhgd,bqhd->bhgq", qg, kj, preferred_element_type=jnp.float32) * scale for kj in diag_k]
+        scores = jnp.concatenate([s0] + [e[..., None] for e in extra], axis=-1)  # [B, hk, g, A, S + i]
         p = jax.nn.softmax(scores, axis=-1)
         o = jnp.einsum("bhgqk,bkhd->bqhgd", p[..., :S].astype(dt), v0, preferred_element_type=jnp.float32)
         for j, vj in enumerate(diag_v):
             o = o + jnp.transpose(p[..., S + j], (0, 3, 1, 2))[..., None] * vj[:, :, :, None, :].astype(jnp.float32)
-        att = o.astype(dt).reshape(B, S, hq * hd)
-        a = _net_apply(config, net_params, EagleNet.out, feat, att)
+        a = _net_apply(config, net_params, EagleNet.out, feat, o.astype(dt).reshape(B, A, hq * hd))
         outs.append(a)
         feat = a
-    return jnp.stack(outs)
+    return outs
 
 
 @struct.dataclass

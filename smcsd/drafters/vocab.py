@@ -172,8 +172,15 @@ class DraftVocab:
         return isinstance(other, DraftVocab) and self.vocab_size == other.vocab_size and \
             np.array_equal(self._ids, other._ids)
 
+    @property
+    def fingerprint(self) -> str:
+        """A hex digest of the target vocabulary size and the kept ids (stable across processes)."""
+        h = hashlib.blake2b(digest_size=10)
+        h.update(str(self.vocab_size).encode() + b"|" + self._ids.astype("<i4").tobytes())
+        return h.hexdigest()
+
     def __hash__(self) -> int:
-        return hash((self.vocab_size, hashlib.blake2b(self._ids.tobytes(), digest_size=8).hexdigest()))
+        return hash(self.fingerprint)
 
     def __repr__(self) -> str:
         return f"DraftVocab({self.size} of {self.vocab_size} tokens)"

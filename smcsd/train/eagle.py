@@ -12,7 +12,10 @@ position it predicts:
 
 with p̃_T the target's top-k log-probs restricted to the draft vocabulary and renormalised (q is 0 outside it, so
 that is the part of p_T the drafter can match), CE on the gold token where the vocabulary keeps it, and γ = 0.8 by
-default (SpecForge's per-step decay). Positions whose predicted token runs past the row are masked.
+default (SpecForge's per-step decay). Positions whose predicted token runs past the row are masked. Step 1 covers
+every position; steps 2..K cover `ttt_rows` random positions per sequence (a row's later steps depend on the other
+rows only through step 1's keys, so this is exact for the rows kept, and it cuts the unroll's cost — mostly the head
+over the supervised positions — from K full passes to about one).
 
 Held-out metrics (the teacher's top-k: lower bounds where they sum over it): `greedy1` the first draft's greedy
 agreement with the target's argmax (its first-draft acceptance at T = 0), `accept_k` Σ_x min(p_T, q_k) per step
@@ -33,11 +36,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ..drafters.eagle import EagleConfig, EagleDrafter, eagle_hf_config, eagle_unroll_outputs, head_logits
+from ..drafters.eagle import EagleConfig, EagleDrafter, eagle_hf_config, eagle_unroll_at, head_logits
 from .data import TeacherStream, TextCorpus
 from .loop import TrainResult, placement, train, training_info
 
-__all__ = ["TokenCorpus", "eagle_loss", "token_corpus", "train_eagle"]
+__all__ = ["TokenCorpus", "eagle_loss", "sample_rows", "token_corpus", "train_eagle"]
 
 
 # ----------------------------------------------------------------------------------------------- data
@@ -106,17 +109,27 @@ def token_corpus(corpus, *, seq_len: int, batch_size: int, seed: int = 0, includ
 
 # ----------------------------------------------------------------------------------------------- loss
 
-def _targets(batch, T: int, steps: int):
-    """Per step k (0-based) the teacher's arrays and gold tokens at the positions row s predicts (s + k + 1, teacher
-    at s + k), rows s = 1..T−1 -> `[steps, B, T−1, ...]`, and the valid mask `[steps, 1, T−1]`."""
-    S = T - 1
-    s = jnp.arange(1, T)
-    pos = s[None, :] + jnp.arange(steps)[:, None]  # [steps, S] teacher positions
-    valid = (pos + 1 <= T - 1)[:, None, :]
-    idx = jnp.minimum(pos, T - 1)
-    gold = jnp.minimum(pos + 1, T - 1)
-    take = lambda a, i: jnp.stack([a[:, i[k]] for k in range(steps)])  # noqa: E731  [steps, B, S, ...]
-    return (take(batch["topk_ids"], idx), take(batch["topk_logp"], idx), take(batch["tokens"], gold), valid)
+def sample_rows(seed: int, step: int, batch: int, seq_len: int, num_rows: int, steps: int) -> np.ndarray:
+    """int32 `[batch, A]` distinct rows s per sequence (sorted) in [1, seq_len − 1 − steps], where every one of the
+    `steps` unrolled steps predicts a token inside the row, for steps 2..K of the unroll; A = min(num_rows, that
+    many). A pure function of (seed, step), so a resumed run sees the same rows."""
+    hi = seq_len - 1 - steps
+    if hi < 1:
+        raise ValueError(f"seq_len {seq_len} is too short for {steps} unrolled steps (needs >= {steps + 2})")
+    n = min(int(num_rows), hi)
+    rng = np.random.default_rng([seed, step, 0xEA63])
+    return np.sort(np.stack([rng.choice(hi, n, replace=False) + 1 for _ in range(batch)]), 1).astype(np.int32)
+
+
+def _targets_at(batch, rows, k: int):
+    """The teacher's top-k at the position row s predicts at step k (0-based; teacher at s + k), the gold token
+    (s + k + 1) and whether it is inside the sequence, for `rows [B, N]`: `[B, N, ...]`."""
+    T = batch["tokens"].shape[1]
+    t = jnp.minimum(rows + k, T - 1)
+    gold = jnp.take_along_axis(batch["tokens"], jnp.minimum(rows + k + 1, T - 1), axis=1)
+    ids = jnp.take_along_axis(batch["topk_ids"], t[:, :, None], axis=1)
+    lp = jnp.take_along_axis(batch["topk_logp"], t[:, :, None], axis=1)
+    return ids, lp, gold, rows + k + 1 <= T - 1
 
 
 def _step_terms(logits, ids, lp, gold, t2d):
@@ -140,14 +153,21 @@ def _step_terms(logits, ids, lp, gold, t2d):
     return kl, has, ce, dg >= 0, accept, agree
 
 
+def _all_rows(batch):
+    B, T = batch["tokens"].shape
+    return jnp.broadcast_to(jnp.arange(1, T, dtype=jnp.int32), (B, T - 1))
+
+
 @functools.lru_cache(maxsize=16)
 def eagle_loss(config: EagleConfig, steps: int, step_decay: float = 0.8, ce_weight: float = 0.1,
-               kl_weight: float = 1.0) -> Callable:
+               kl_weight: float = 1.0, remat: bool = False) -> Callable:
     """loss_fn(net_params, batch) -> (loss, aux) for `train`: the training-time-test loss of the module docstring.
 
     batch: `tokens [B, T]`, `hidden [B, T, 3H]`, `topk_ids` / `topk_logp [B, T, k]` (a `TeacherStream` batch), the
-    target's `embed [V, H]` and `t2d int32[V]` (draft index of each target id, −1 outside; frozen: passed as data).
-    Each step's head and loss run under `jax.checkpoint`, so the backward pass keeps no `[B, T, V′]` logits per step."""
+    target's `embed [V, H]` and `t2d int32[V]` (draft index of each target id, −1 outside; frozen: passed as data),
+    and optionally `rows [B, A]` (`sample_rows`): the rows steps 2..K are unrolled and supervised on (default every
+    row; step 1 always covers every row). remat: run each step's head and loss under `jax.checkpoint` (no
+    `[B, rows, V′]` logits kept per step for the backward pass, at the cost of recomputing them)."""
     if steps < 1:
         raise ValueError(f"ttt_steps must be >= 1, got {steps}")
     w = np.asarray([step_decay ** k for k in range(steps)], np.float32)
@@ -162,17 +182,16 @@ def eagle_loss(config: EagleConfig, steps: int, step_decay: float = 0.8, ce_weig
         return ((kl * m_kl).sum() / n_kl, (ce * m_ce).sum() / n_ce,
                 jax.lax.stop_gradient((agree * m).sum() / jnp.maximum(m.sum(), 1.0)))
 
-    step_fn = jax.checkpoint(per_step)
+    step_fn = jax.checkpoint(per_step) if remat else per_step
 
     def loss_fn(net_params, batch):
-        tokens = batch["tokens"]
-        T = tokens.shape[1]
-        a = eagle_unroll_outputs(config, net_params, batch["embed"], tokens, batch["hidden"], steps)
-        ids, lp, gold, valid = _targets(batch, T, steps)
-        valid = jnp.broadcast_to(valid, gold.shape)
+        rows = batch.get("rows")
+        outs = eagle_unroll_at(config, net_params, batch["embed"], batch["tokens"], batch["hidden"], steps, rows)
+        every = _all_rows(batch)
         kls, ces, agrees = [], [], []
         for k in range(steps):
-            kl, ce, agree = step_fn(net_params, a[k], ids[k], lp[k], gold[k], valid[k], batch["t2d"])
+            at = every if (k == 0 or rows is None) else rows
+            kl, ce, agree = step_fn(net_params, outs[k], *_targets_at(batch, at, k), batch["t2d"])
             kls.append(kl)
             ces.append(ce)
             agrees.append(agree)
@@ -184,19 +203,18 @@ def eagle_loss(config: EagleConfig, steps: int, step_decay: float = 0.8, ce_weig
 
 @functools.lru_cache(maxsize=16)
 def _eval_program(config: EagleConfig, steps: int):
-    """jit(net_params, batch) -> sums over valid positions: kl [K], ce [K], accept [K], greedy [K], counts [K], and over
-    rows valid for every step: accept_len, greedy_len, their count."""
+    """jit(net_params, batch) -> sums over valid positions (every row at every step): kl [K], ce [K], accept [K],
+    greedy [K], counts [K], and over rows valid for every step: accept_len, greedy_len, their count."""
     def ev(net_params, batch):
-        T = batch["tokens"].shape[1]
-        a = eagle_unroll_outputs(config, net_params, batch["embed"], batch["tokens"], batch["hidden"], steps)
-        ids, lp, gold, valid = _targets(batch, T, steps)
-        valid = jnp.broadcast_to(valid, gold.shape)
+        outs = eagle_unroll_at(config, net_params, batch["embed"], batch["tokens"], batch["hidden"], steps)
+        every = _all_rows(batch)
         out = [[], [], [], [], []]
-        alphas, agrees = [], []
+        alphas, agrees, valids = [], [], []
         for k in range(steps):
-            kl, has, ce, ce_ok, acc, agree = _step_terms(head_logits(config, net_params, a[k]), ids[k], lp[k], gold[k],
+            ids, lp, gold, valid = _targets_at(batch, every, k)
+            kl, has, ce, ce_ok, acc, agree = _step_terms(head_logits(config, net_params, outs[k]), ids, lp, gold,
                                                          batch["t2d"])
-            m = valid[k].astype(jnp.float32)
+            m = valid.astype(jnp.float32)
             out[0].append((kl * m * has).sum())
             out[1].append((ce * m * ce_ok).sum())
             out[2].append((acc * m).sum())
@@ -204,7 +222,8 @@ def _eval_program(config: EagleConfig, steps: int):
             out[4].append(m.sum())
             alphas.append(acc)
             agrees.append(agree.astype(jnp.float32))
-        full = valid[-1].astype(jnp.float32)  # rows with every step inside the sequence
+            valids.append(m)
+        full = valids[-1]  # rows with every step inside the sequence
         acc_len = (jnp.cumprod(jnp.stack(alphas), axis=0).sum(0) * full).sum()
         greedy_len = (jnp.cumprod(jnp.stack(agrees), axis=0).sum(0) * full).sum()
         return tuple(jnp.stack(x) for x in out) + (acc_len, greedy_len, full.sum())
@@ -214,7 +233,8 @@ def _eval_program(config: EagleConfig, steps: int):
 # ----------------------------------------------------------------------------------------------- recipe
 
 def train_eagle(target, drafter: EagleDrafter, corpus: TextCorpus | TeacherStream, *, steps: int, ttt_steps: int = 5,
-                step_decay: float = 0.8, lr: float = 1e-3, warmup: int | None = None, clip: float = 1.0,
+                step_decay: float = 0.8, ttt_rows: int | None = 64, remat: bool = False, seed: int = 0,
+                lr: float = 1e-3, warmup: int | None = None, clip: float = 1.0,
                 weight_decay: float = 0.1, ce_weight: float = 0.1, kl_weight: float = 1.0, topk: int = 32,
                 cache_dir: str | None = None, ckpt_dir: str | None = None, resume: bool = False,
                 overwrite: bool = False, out: str | None = None, export_dtype: str = "float32",
@@ -223,7 +243,9 @@ def train_eagle(target, drafter: EagleDrafter, corpus: TextCorpus | TeacherStrea
                 mesh=None) -> TrainResult:
     """Train `drafter` (an `EagleDrafter`, e.g. `EagleDrafter.create(target, draft_vocab=...)`) for `target` on
     `corpus` (a `TextCorpus` / `TokenCorpus`, or a ready `TeacherStream` carrying the drafter's layers and top-k) with
-    training-time test over `ttt_steps` = K unrolled steps (module docstring).
+    training-time test over `ttt_steps` = K unrolled steps (module docstring). Step 1 is supervised at every position;
+    steps 2..K at `ttt_rows` random positions per sequence (`sample_rows`, drawn from (seed, step); None: every
+    position), which is what keeps the unroll cheap: its cost is mostly the head over the supervised positions.
 
     The target's embedding, the draft vocabulary and the target itself stay frozen; the drafter's own weights (`fc`,
     the decoder layer, `norm`, `lm_head`) are trained from `drafter.params`. Held-out metrics every `eval_every` steps
@@ -247,19 +269,24 @@ def train_eagle(target, drafter: EagleDrafter, corpus: TextCorpus | TeacherStrea
     if not stream.topk:
         raise ValueError("train_eagle needs a top-k teacher stream (topk >= 1)")
     corpus = stream.corpus
-    if corpus.seq_len < ttt_steps + 2:
-        raise ValueError(f"seq_len {corpus.seq_len} is too short for {ttt_steps} unrolled steps (needs >= "
-                         f"{ttt_steps + 2})")
+    sample_rows(0, 0, 1, corpus.seq_len, 1, ttt_steps)  # validates seq_len against ttt_steps
     pl.check_rows(corpus.batch_size)
     rows = pl.local_rows(corpus.batch_size)
     V = target.config.vocab_size
     t2d = np.arange(V, dtype=np.int32) if drafter.vocab is None else drafter.vocab.target_to_draft
     frozen = {"embed": pl.shard_frozen({"embed": drafter.shared["embed"]}, target.config)["embed"],
               "t2d": pl.replicate(jnp.asarray(t2d))}
-    loss_fn = eagle_loss(config, ttt_steps, float(step_decay), float(ce_weight), float(kl_weight))
+    loss_fn = eagle_loss(config, ttt_steps, float(step_decay), float(ce_weight), float(kl_weight), bool(remat))
+    T, n = corpus.seq_len, corpus.batch_size
+    if ttt_rows is not None and (isinstance(ttt_rows, bool) or not isinstance(ttt_rows, int) or ttt_rows < 1):
+        raise ValueError(f"ttt_rows must be an int >= 1 (positions per sequence for steps 2..K) or None, got "
+                         f"{ttt_rows!r}")
 
-    def batches(step):
-        return {**stream.batch(step, rows), **frozen}
+    def batches(step):  # this process's rows; the unroll rows drawn for the whole batch, so any mesh sees the same
+        b = {**stream.batch(step, rows), **frozen}
+        if ttt_rows is not None and ttt_steps > 1:
+            b["rows"] = sample_rows(seed, step, n, T, ttt_rows, ttt_steps)[rows]
+        return b
 
     ev_prog = _eval_program(config, ttt_steps)
 
@@ -277,12 +304,12 @@ def train_eagle(target, drafter: EagleDrafter, corpus: TextCorpus | TeacherStrea
             res[f"accept{ttt_steps}"] = float(acc[-1] / n[-1])
         return res
 
-    vocab_id = None if drafter.vocab is None else hash(drafter.vocab)
+    vocab_id = None if drafter.vocab is None else drafter.vocab.fingerprint
     meta = {"recipe": "train_eagle", "eagle_config": eagle_hf_config(config), "draft_vocab": vocab_id,
             "target_config": stream.config.to_dict(), "target_params": stream.params_fingerprint,
             "corpus": corpus.fingerprint, "batch_size": corpus.batch_size, "seq_len": corpus.seq_len,
-            "data_seed": corpus.seed, "ttt_steps": ttt_steps, "step_decay": step_decay, "ce_weight": ce_weight,
-            "kl_weight": kl_weight, "topk": stream.topk}
+            "data_seed": corpus.seed, "ttt_steps": ttt_steps, "ttt_rows": ttt_rows, "seed": seed,
+            "step_decay": step_decay, "ce_weight": ce_weight, "kl_weight": kl_weight, "topk": stream.topk}
     name = getattr(target, "name", "target")
     t0 = time.time()
     res = train(loss_fn, drafter.params, batches, steps=steps, lr=lr, warmup=warmup, clip=clip,
