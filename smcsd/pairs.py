@@ -9,7 +9,7 @@ the fetchable SmolLM2); the drafters are:
 Names say the kind: `ar`, `ar-distilled`, `prompt-lookup`, `dflash`, `dflash-dpace`, `d2sd` (a `D2SDDrafter`: its
 variable-prefix network with a `d2sd.json` naming the main block drafter), `pard2` (a `MaskDrafter`), `dels` (a
 `FusedDrafter`: a DeLS-Spec local head with a `dels.json` naming the block drafter it is fused with), `specblock`
-(a `SpecBlockDrafter`), ...
+(a `SpecBlockDrafter`), `eagle` (an `EagleDrafter`: EAGLE-3, in the EAGLE / SpecForge checkpoint layout), ...
 """
 
 from __future__ import annotations
@@ -20,8 +20,8 @@ import os
 from models.registry import FETCHABLE, available_models, load_pair as _load_target_pair, load_target
 from models.shipped import SHIPPED_DIR, load_model_dir
 
-from .drafters import (BlockDrafter, D2SDDrafter, FlexDrafter, FusedDrafter, LocalHead, MaskDrafter, PromptLookup,
-                       SpecBlockDrafter)
+from .drafters import (BlockDrafter, D2SDDrafter, EagleDrafter, FlexDrafter, FusedDrafter, LocalHead, MaskDrafter,
+                       PromptLookup, SpecBlockDrafter)
 
 # Model drafters, best first: `load(pair)` returns the first one the pair has.
 MODEL_DRAFTERS = ("ar-distilled", "ar")
@@ -30,6 +30,7 @@ BLOCK_KINDS = {"specblock": SpecBlockDrafter}
 TREE_DRAFTERS = ("d2sd",)  # a variable-prefix block drafter + d2sd.json naming its main drafter
 MASK_DRAFTERS = ("pard2",)  # PARD-2: a small LM + mask embedding (+ feature projection), pard2.json
 FLEX_DRAFTERS = ("flex",)  # FlexDraft: mask adapters the target drafts with (method "flex")
+EAGLE_DRAFTERS = ("eagle",)  # EAGLE-3 heads in the EAGLE / SpecForge checkpoint layout (smcsd/drafters/eagle.py)
 FUSED_DRAFTERS = ("dels",)  # DeLS-Spec: a local head + dels.json naming the block drafter and the fusion weights
 PARAM_FREE = {"prompt-lookup": PromptLookup}
 
@@ -50,7 +51,8 @@ def _check_pair(pair) -> str:
 def available_drafters(pair: str = "tiny-code") -> list[str]:
     """Drafter names `load(pair, drafter=...)` accepts, the pair's best model drafter first."""
     _check_pair(pair)
-    return [n for n in MODEL_DRAFTERS + BLOCK_DRAFTERS + TREE_DRAFTERS + MASK_DRAFTERS + FUSED_DRAFTERS + FLEX_DRAFTERS if _drafter_dir(pair, n)] \
+    return [n for n in MODEL_DRAFTERS + BLOCK_DRAFTERS + EAGLE_DRAFTERS + TREE_DRAFTERS + MASK_DRAFTERS + FUSED_DRAFTERS +
+                    FLEX_DRAFTERS if _drafter_dir(pair, n)] \
         + sorted(PARAM_FREE)
 
 
@@ -75,6 +77,9 @@ def load(pair: str = "tiny-code", drafter: str | None = None, dtype: str | None 
         cls = BLOCK_KINDS.get(drafter, BlockDrafter)
         block = cls.load(_drafter_dir(pair, drafter), dtype=target.config.dtype, name=f"{pair}/{drafter}")
         return target, block.bind(target)  # raises if the checkpoint does not fit this target
+    if drafter in EAGLE_DRAFTERS:
+        eagle = EagleDrafter.load(_drafter_dir(pair, drafter), dtype=target.config.dtype, name=f"{pair}/{drafter}")
+        return target, eagle.bind(target)  # raises if the checkpoint does not fit this target
     if drafter in TREE_DRAFTERS:
         return target, _load_d2sd(pair, drafter, target)
     if drafter in FLEX_DRAFTERS:

@@ -147,3 +147,24 @@ def test_half_precision_on_cpu_warns_once(monkeypatch):
         dec._warn_half_precision_on_cpu(model, None)  # once per process
     with pytest.raises(ValueError, match="dtype"):
         model.astype("int8")
+
+
+@pytest.mark.slow  # compiles an sd program (~20 s idle); the default lane's budget is full
+def test_pair_loads_a_shipped_eagle_drafter(tmp_path, monkeypatch):
+    """A pair's `drafters/eagle/` (EAGLE / SpecForge layout) loads as a bound EagleDrafter through smcsd.load, and
+    sd with it is exact (greedy: ar's tokens)."""
+    import smcsd
+    from smcsd import pairs
+    from smcsd.drafters import EagleDrafter
+    target, _ = smcsd.load("tiny-code")
+    EagleDrafter.create(target, seed=3).save(str(tmp_path / "eagle"))
+    real = pairs._drafter_dir
+    monkeypatch.setattr(pairs, "_drafter_dir",
+                        lambda pair, name: str(tmp_path / "eagle") if name == "eagle" else real(pair, name))
+    assert "eagle" in smcsd.available_drafters("tiny-code")
+    _, eagle = smcsd.load("tiny-code", drafter="eagle")
+    assert isinstance(eagle, EagleDrafter) and eagle.name == "tiny-code/eagle"
+    res = smcsd.decode("def f(x):", target=target, draft=eagle, method="sd", num_speculative_tokens=3,
+                       max_new_tokens=12, temperature=0.0)
+    ref = smcsd.decode("def f(x):", target=target, method="ar", max_new_tokens=12, temperature=0.0)
+    assert res.tokens == ref.tokens and res.stats.num_drafts > 0
