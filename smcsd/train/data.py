@@ -317,9 +317,10 @@ class TeacherStream:
             os.makedirs(self.cache_dir, exist_ok=True)
             meta = os.path.join(self.cache_dir, "meta.json")
             if not os.path.exists(meta):
-                with open(meta + ".tmp", "w") as f:
+                tmp = f"{meta}.{os.getpid()}.tmp"  # per process: several may create the same cache at once
+                with open(tmp, "w") as f:
                     json.dump(self.describe(), f, indent=2)
-                os.replace(meta + ".tmp", meta)
+                os.replace(tmp, meta)
         self._eval: dict[int | None, list[dict]] = {}
 
     # -- fields ---------------------------------------------------------------------------------------

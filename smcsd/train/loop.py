@@ -158,8 +158,9 @@ class Placement:
     def shard_batch(self, batch):
         """A training batch on the mesh. Host (numpy) arrays hold *this process's rows* (`local_rows`), joined
         into global arrays split over "data"; arrays already on the mesh (e.g. `shard_frozen`'s) stay as they are;
-        other device arrays and 0-d values are replicated (every process must pass the same value). Without a mesh:
-        `jnp.asarray` of every leaf, the single-device loop's behaviour."""
+        other device arrays and 0-d values are replicated (every process must pass the same value; place big frozen
+        arrays once with `shard_frozen` / `replicate`, or they are copied every step). Without a mesh: `jnp.asarray`
+        of every leaf, the single-device loop's behaviour."""
         if self.mesh is None:
             return jax.tree_util.tree_map(jnp.asarray, batch)
         return jax.tree_util.tree_map(self._place_rows, batch)
@@ -466,6 +467,30 @@ def _commit(tree):
     return jax.tree_util.tree_map(commit, tree)
 
 
+_ARRAYS = "arrays"  # the checkpoint's JSON: path, shape and dtype of every saved array (checked before a restore)
+
+
+def _arrays_signature(params, opt_state) -> list:
+    """[path, shape, dtype] of every array, the params' first (so a misfit names a param, not its Adam moment)."""
+    return [[name + jax.tree_util.keystr(path), list(np.shape(x)), str(np.dtype(x.dtype))]
+            for name, tree in (("params", params), ("opt_state", opt_state))
+            for path, x in jax.tree_util.tree_flatten_with_path(tree)[0]]
+
+
+def _arrays_diff(saved: list | None, now: list) -> str | None:
+    """None when the checkpoint's arrays (or an unknown, older checkpoint's) fit `now`, else what differs first."""
+    if saved is None or saved == now:
+        return None
+    s, n = {a[0]: a[1:] for a in saved}, {a[0]: a[1:] for a in now}
+    for path in n:
+        if path not in s:
+            return f"{path} is not in the checkpoint"
+        if s[path] != n[path]:
+            return (f"{path}: the checkpoint holds shape {tuple(s[path][0])} {s[path][1]}, these params "
+                    f"{tuple(n[path][0])} {n[path][1]}")
+    return f"the checkpoint holds arrays these params lack: {sorted(set(s) - set(n))[:5]}"
+
+
 def _settings_diff(saved: dict, now: dict) -> dict:
     """{key: {"checkpoint": ..., "now": ...}} of the settings that differ; within a dict setting (a drafter's
     config) only its differing fields, so the message names what changed."""
@@ -548,20 +573,29 @@ def train(loss_fn: Callable, params, batches: Callable[[int], Any], *, steps: in
             saved = restore_meta(mngr)
             diff = _settings_diff(saved["run"], run)
             if diff:
+                mngr.close()
                 raise ValueError(f"cannot resume from {ckpt_dir}: the checkpoint was made with other settings "
                                  f"{json.dumps(diff)}; use the same settings (the drafter's configuration and the "
                                  "training arguments), or overwrite=True to restart")
-            try:
-                params, opt_state, start, saved = restore_checkpoint(mngr, params, opt_state)
-            except (ValueError, KeyError, TypeError) as e:
+            misfit = _arrays_diff(saved.get(_ARRAYS), _arrays_signature(params, opt_state))
+            error = None
+            if misfit is None:
+                try:
+                    params, opt_state, start, saved = restore_checkpoint(mngr, params, opt_state)
+                except (ValueError, KeyError, TypeError) as e:  # a checkpoint written without the signature
+                    misfit = str(e)[:500]
+            if misfit is not None:
+                mngr.close()
                 raise ValueError(f"cannot resume from {ckpt_dir}: its arrays do not fit these params (another "
-                                 f"drafter configuration?): {str(e)[:500]}; pass the params the checkpoint was made "
-                                 "for, or overwrite=True to restart") from None
+                                 f"drafter configuration?): {misfit}; pass the params the checkpoint was made for, "
+                                 "or overwrite=True to restart")
+            saved.pop(_ARRAYS, None)
             history = saved
             if progress:
                 print(f"[{desc}] resumed from step {start} of {steps}", file=sys.stderr, flush=True)
     if command:
         history.setdefault("commands", []).append({"command": command, "from_step": start})
+    signature = _arrays_signature(params, opt_state) if mngr is not None else None
     if pl.mesh is not None:
         history.setdefault("placements", []).append({"from_step": start, **pl.describe()})
     else:
@@ -597,11 +631,13 @@ def train(loss_fn: Callable, params, batches: Callable[[int], Any], *, steps: in
                                + f"  ({time.time() - t0:.0f}s)")
             if mngr is not None and (step % ckpt_every == 0 or done):
                 history.update(step=step, finished=step == steps, wall_s=wall0 + time.time() - t0)
-                save_checkpoint(mngr, step, params, opt_state, history)
+                save_checkpoint(mngr, step, params, opt_state, {**history, _ARRAYS: signature})
             if done:
                 break
     finally:
         pbar.close()
+        if mngr is not None:
+            mngr.close()  # waits for pending writes, stops orbax's threads
     history.update(step=step, finished=step == steps, wall_s=wall0 + time.time() - t0)
     if curves_path:
         pl.on_lead(lambda: save_curves(history, curves_path, f"{desc}: step {step}/{steps}"), "smcsd-train-curves")
