@@ -116,7 +116,9 @@ def test_arrays_are_laid_out_on_the_mesh(single):
     lay = single["layout"]
     assert lay["local_rows"] == list(range(8))  # one process feeds every row
     assert lay["tokens_spec"] == "P('data', None)" and lay["tokens_shard_rows"] == [2]  # 8 rows / 4
-    assert lay["tokens_equal"] and lay["teacher_ids_equal"] and lay["teacher_max_rel_diff"] < 1e-4
+    # the teacher's outputs split over model=2 vs one device: float32 reduction order over the split matmuls, with
+    # the toy's large weights (init_std 0.5) up to 7e-5 relative (log-probs, hidden states); a wrong row is off by O(1)
+    assert lay["tokens_equal"] and lay["teacher_ids_equal"] and lay["teacher_max_rel_diff"] < 1e-3
     assert lay["teacher_mesh"] == {"data": 4, "model": 2} and lay["teacher_local"]
     assert lay["teacher_q_spec"] == "P(None, None, 'model')"  # the frozen target: tensor-parallel
     assert lay["embed_spec"] == "P(None, 'model')"  # vocab 259 is odd: its hidden dim splits
@@ -180,7 +182,7 @@ def test_each_process_feeds_and_computes_its_own_rows(multi):
     lay = multi["layout"]  # process 0's view: data blocks 0 and 1 of the 4x2 mesh (its 4 devices)
     assert lay["local_rows"] == [0, 1, 2, 3]
     assert lay["teacher_mesh"] == {"data": 2, "model": 2} and lay["teacher_local"]
-    assert lay["tokens_equal"] and lay["teacher_ids_equal"] and lay["teacher_max_rel_diff"] < 1e-4
+    assert lay["tokens_equal"] and lay["teacher_ids_equal"] and lay["teacher_max_rel_diff"] < 1e-3
     assert lay["cache_shard_rows"] == 1 and lay["teacher_rows_computed"] == lay["teacher_rows_fed"] == 12
 
 
