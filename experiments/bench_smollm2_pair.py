@@ -59,10 +59,12 @@ def render(rows: list[dict]) -> str:
         method, k, n = r["method"], r["K"], r["N"]
         label = {"ar": "ar", "sd": f"sd K={k}", "smc": f"smc N={n} K={k}"}.get(method, f"default ({r['ran']})")
         body.append([r["batch"], r["drafter"] or "–", label, f"{r['tps']:.1f}", f"{r['speedup']:.2f}×",
-                     f"{r['tokens_per_call']:.2f}", report.fmt(r["acceptance"]), report.fmt(r["resample_rate"]),
+                     f"{r['tokens_per_call']:.2f}", report.fmt(r["acceptance"]),
+                     report.fmt(r.get("first_draft_acceptance")), report.fmt(r["resample_rate"]),
                      r["tokens"]])
     return report.markdown_table(["batch", "drafter", "method", "tok/s", "vs ar", "tokens/target call",
-                                  "acceptance (sd)", "resampling rate (smc)", "new tokens"], body)
+                                  "acceptance (sd)", "first-draft acceptance (sd)",
+                                  "resampling rate (smc)", "new tokens"], body)
 
 
 def main(argv=None):
@@ -78,6 +80,12 @@ def main(argv=None):
     ap.add_argument("--temperature", type=float, default=0.7)
     ap.add_argument("--max-new-tokens", type=int, default=128)
     ap.add_argument("--prompts", type=int, default=len(PROMPTS), help="how many of the prompts to use")
+    ap.add_argument("--corpus-heldout", default=None, metavar="DIR",
+                    help="SmolLM2: take the prompts from this self-distillation corpus's held-out chat requests "
+                         "(requests no training split contains; see smcsd.train.corpus) instead of the built-in six")
+    ap.add_argument("--draft-dir", nargs="*", default=[], metavar="NAME=DIR",
+                    help="extra EAGLE drafters from checkpoint directories (e.g. eagle=runs/eagle/export), bound to "
+                         "the target")
     ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--out", default=None, help="default: results/bench_smollm2_pair.json, or bench_pair_<pair>.json")
     args = ap.parse_args(argv)
@@ -88,10 +96,22 @@ def main(argv=None):
     names = args.drafters or [smcsd.available_drafters(pair)[0]]
     target = smcsd.load(pair, drafter="prompt-lookup")[0]
     drafters = {name: smcsd.load(pair, drafter=name)[1] for name in names}
+    for spec in args.draft_dir:
+        name, _, path = spec.partition("=")
+        from smcsd.drafters import EagleDrafter
+        if not name.startswith("eagle"):
+            raise SystemExit(f"--draft-dir {spec}: only EAGLE checkpoints load from a directory here (name eagle...)")
+        drafters[name] = EagleDrafter.load(path, dtype=target.config.dtype, name=name).bind(target)
     if pair == "smollm2-135m":
         stops = list(target.tokenizer.end_of_turn_ids)
-        prompts = [target.tokenizer.apply_chat_template([{"role": "user", "content": p}], add_generation_prompt=True,
-                                                        tokenize=True) for p in PROMPTS]
+        requests = [[{"role": "user", "content": p}] for p in PROMPTS]
+        if args.corpus_heldout:
+            from smcsd.train.corpus import SelfDistilledCorpus
+            requests = SelfDistilledCorpus(args.corpus_heldout, target.tokenizer).heldout_requests(("chat",))
+            if args.prompts == len(PROMPTS):
+                args.prompts = len(requests)
+        prompts = [target.tokenizer.apply_chat_template(m, add_generation_prompt=True, tokenize=True)
+                   for m in requests]
     else:
         import choose_defaults
         prompts, stops, _ = choose_defaults.prompts_for(pair, target, len(PROMPTS))
@@ -127,7 +147,8 @@ def main(argv=None):
                for B in args.batch_sizes}
     for B, cell in grid:  # compile + warm up
         run(cell, batches[B][0], 0)
-    acc = {g: dict(tokens=0, wall_s=0.0, calls=0, accepted=0, drafted=0, resamples=0, cycles=0) for g in grid}
+    acc = {g: dict(tokens=0, wall_s=0.0, calls=0, accepted=0, drafted=0, drafts=0, first_accepted=0, resamples=0,
+                   cycles=0) for g in grid}
     for r in range(args.repeats):
         for i in range(len(prompts)):
             for B, cell in grid:
@@ -140,6 +161,8 @@ def main(argv=None):
                 a["calls"] += st.num_target_calls
                 a["accepted"] += st.num_accepted_tokens
                 a["drafted"] += st.num_draft_tokens
+                a["drafts"] += st.num_drafts
+                a["first_accepted"] += (st.accepted_per_position or [0])[0]
                 a["resamples"] += st.num_resamples or 0
                 a["cycles"] += len(st.resampled_per_cycle or [])
         print(f"round {r + 1}/{args.repeats} done", flush=True)
@@ -151,6 +174,8 @@ def main(argv=None):
         rows.append(dict(batch=B, method=method, drafter=name, N=n or None, K=k or None, **a, tps=tps,
                          speedup=tps / (ar["tokens"] / ar["wall_s"]), tokens_per_call=a["tokens"] / max(a["calls"], 1),
                          acceptance=a["accepted"] / a["drafted"] if a.get("ran") == "sd" and a["drafted"] else None,
+                         first_draft_acceptance=(a["first_accepted"] / a["drafts"]
+                                                 if a.get("ran") == "sd" and a["drafts"] else None),
                          resample_rate=resample_rate(a, B)))
     table = render(rows)
     print(table)
