@@ -16,7 +16,7 @@ if REPO not in sys.path:
 
 import smcsd  # noqa: E402
 from experiments import report  # noqa: E402
-from models import ByteTokenizer, ModelConfig, init_model  # noqa: E402
+from smcsd.models import ByteTokenizer, ModelConfig, init_model  # noqa: E402
 
 
 def main(argv=None):

@@ -119,7 +119,7 @@ def main(argv=None):
         return peer_worker(*args.peer_worker)
 
     import smcsd
-    from models import registry
+    from smcsd.models import registry
 
     target, _ = smcsd.load("smollm2-135m")
     stops = list(target.tokenizer.end_of_turn_ids)

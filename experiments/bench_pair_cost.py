@@ -18,8 +18,8 @@ import jax.numpy as jnp
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from experiments import report  # noqa: E402
-from models import forward_cached  # noqa: E402
-from models.shipped import load_shipped  # noqa: E402
+from smcsd.models import forward_cached  # noqa: E402
+from smcsd.models.shipped import load_shipped  # noqa: E402
 
 
 def step_time(model, batch: int, context: int, cache_len: int, reps: int) -> float:

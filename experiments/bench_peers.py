@@ -86,7 +86,7 @@ def main(argv=None):
         return peer_worker(*args.peer_worker)
 
     import smcsd
-    from models import registry, save_pretrained
+    from smcsd.models import registry, save_pretrained
 
     target, draft_model = smcsd.load("smollm2-135m", drafter="ar-distilled", dtype="float32")
     tok = target.tokenizer

@@ -61,7 +61,7 @@ def ceiling_time(model, rows: int, repeats: int) -> float:
     import jax.numpy as jnp
 
     params = model.decode_params() if hasattr(model, "decode_params") else model.params
-    from models.transformer import unstack_layers
+    from smcsd.models.transformer import unstack_layers
     params = unstack_layers(params)
     emb = params["embed_tokens"]["embedding"]
     head = emb if model.config.tie_word_embeddings else params["lm_head"]
@@ -180,7 +180,7 @@ def main(argv=None):
         return peer_worker(*args.peer_worker)
 
     import smcsd
-    from models import registry
+    from smcsd.models import registry
 
     target, _ = smcsd.load("smollm2-135m")
     ids = {name: target.tokenizer.apply_chat_template(m, tokenize=True) for name, m in PROMPTS.items()}

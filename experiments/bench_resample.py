@@ -20,7 +20,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if REPO not in sys.path:
     sys.path.insert(0, REPO)
 
-import resample  # noqa: E402
+from smcsd import resample  # noqa: E402
 from experiments import report  # noqa: E402
 
 

@@ -37,7 +37,7 @@ import jax.numpy as jnp  # noqa: E402
 
 import smcsd  # noqa: E402
 from experiments import report  # noqa: E402
-from models import ByteTokenizer, LanguageModel, ModelConfig, init_model  # noqa: E402
+from smcsd.models import ByteTokenizer, LanguageModel, ModelConfig, init_model  # noqa: E402
 
 PROMPTS = ["def fibonacci(n):", "The quick brown fox", "import numpy as np\n", "for i in range(10):"]
 
@@ -65,7 +65,7 @@ def random_pair(hidden: int, layers: int, draft_layers: int, init_std: float, la
 def load_pair(args):
     if args.pair == "random":
         return random_pair(args.hidden, args.layers, args.draft_layers, args.init_std, args.late_scale)
-    from models.shipped import load_shipped
+    from smcsd.models.shipped import load_shipped
     return load_shipped(args.pair)
 
 

@@ -173,7 +173,7 @@ def _training_info(pair: str, name: str):
     """Wall time and final held-out metrics from a drafter's training.json, when it has one."""
     import json
 
-    from models.shipped import SHIPPED_DIR
+    from smcsd.models.shipped import SHIPPED_DIR
     path = name[5:] if name.startswith("path:") else os.path.join(SHIPPED_DIR, pair, "drafters", name)
     f = os.path.join(path, "training.json")
     if not os.path.isfile(f):

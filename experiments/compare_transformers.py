@@ -32,7 +32,7 @@ if REPO not in sys.path:
 
 import smcsd  # noqa: E402
 from experiments import report  # noqa: E402
-from models import ByteTokenizer, ModelConfig, init_model, save_pretrained  # noqa: E402
+from smcsd.models import ByteTokenizer, ModelConfig, init_model, save_pretrained  # noqa: E402
 
 PROMPTS = ["def fibonacci(n):\n", "import numpy as np\n\ndef normalize(x):", "class Stack:\n    def push(self, x):"]
 

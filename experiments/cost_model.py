@@ -342,7 +342,7 @@ def pool_rounds(per_round: list) -> list[dict]:
 def _prompt_width(B: int) -> int:
     _rf()
     from experiments import bench_speed as bs
-    from models import ByteTokenizer
+    from smcsd.models import ByteTokenizer
     from smcsd.engine import bucket
     longest = max(len(ByteTokenizer().encode(p)) for p in bs.prompts_for("cost-model", B, None))
     return bucket(longest, 8)

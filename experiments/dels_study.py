@@ -57,7 +57,7 @@ def main(argv=None) -> int:
 
     import smcsd
     from block_drafters import prompts_for
-    from models.shipped import SHIPPED_DIR
+    from smcsd.models.shipped import SHIPPED_DIR
     from smcsd.drafters import FusedDrafter, LocalHead
     from tree_bench import bootstrap_se, per_request, pooled
 

@@ -31,7 +31,7 @@ SIZES = (4096, 8192, 16384, 32768, 0)  # 0: the full vocabulary
 def _target(dtype: str):
     """(target, where it came from): SmolLM2-135M-Instruct when fetched, else a random model of its shape."""
     import smcsd
-    from models import ModelConfig, init_model
+    from smcsd.models import ModelConfig, init_model
     try:
         target, _ = smcsd.load("smollm2-135m", drafter=None, dtype=dtype)
         return target, "smollm2-135m (fetched)"
@@ -56,7 +56,7 @@ def main(argv=None) -> int:
     import jax.numpy as jnp
     import numpy as np
 
-    from models import forward_cached
+    from smcsd.models import forward_cached
     from smcsd.drafters import DraftVocab, EagleDrafter
     from smcsd.engine import prefill
     from smcsd.sampling import SamplingParams

@@ -21,7 +21,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import smcsd  # noqa: E402
 from experiments import arith_data, report  # noqa: E402
-from models.shipped import load_model_dir, load_shipped  # noqa: E402
+from smcsd.models.shipped import load_model_dir, load_shipped  # noqa: E402
 
 
 def load_pair(pair_dir: str | None):

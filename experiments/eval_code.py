@@ -24,7 +24,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from experiments import report  # noqa: E402
 from experiments import train_pair as tp  # noqa: E402
-from models.shipped import load_model_dir, load_shipped  # noqa: E402
+from smcsd.models.shipped import load_model_dir, load_shipped  # noqa: E402
 
 
 def main(argv=None):
@@ -74,7 +74,7 @@ def teacher_forced_acceptance(target, draft, rows, temperature: float, batch: in
     import jax
     import jax.numpy as jnp
 
-    from models import forward_full
+    from smcsd.models import forward_full
 
     @jax.jit
     def acc(tp_, dp_, r):

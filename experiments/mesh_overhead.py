@@ -154,7 +154,7 @@ def main(argv=None):
     import jax
 
     import smcsd
-    from models import ModelConfig, init_model
+    from smcsd.models import ModelConfig, init_model
     from smcsd import engine
 
     V = 256

@@ -43,7 +43,7 @@ MISSES = {
 
 
 def llama70b():
-    from models import ModelConfig
+    from smcsd.models import ModelConfig
     return ModelConfig(vocab_size=128256, hidden_size=8192, intermediate_size=28672, num_hidden_layers=80,
                        num_attention_heads=64, num_key_value_heads=8, head_dim=128, dtype="bfloat16",
                        max_position_embeddings=131072)

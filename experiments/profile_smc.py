@@ -38,7 +38,7 @@ def _tree_bytes(tree) -> int:
 def moved_bytes(state) -> int:
     """Bytes one resampling gathers: the rows' own buffers of both caches and the per-row arrays (a shared
     prefix stays where it is)."""
-    from models import KVCache
+    from smcsd.models import KVCache
 
     def own(x):
         if isinstance(x, KVCache):
@@ -93,7 +93,7 @@ def profile_cell(target, drafter, prompt_ids, n, k, temperature, max_new, warm_c
         vocab = jax.jit(vocab_fn)
         observe = jax.jit(lambda dp, ds, block, hidden, start: d.observe(dp, ds, block, hidden, start,
                                                                          jnp.full((R,), k + 1, jnp.int32)))
-        from models import KVCache
+        from smcsd.models import KVCache
         moved = (state.cache_t, state.feed, state.feed_count, state.pending, state.out, state.n, state.done)
         anc = (jnp.arange(R, dtype=jnp.int32) // n) * n  # every particle takes its request's first: all rows move
         resample = jax.jit(lambda m, dstate, a: (jax.tree_util.tree_map(lambda x: _take_rows(x, a), m,

@@ -168,7 +168,7 @@ def measure_matmul(n: int, repeats: int, platform: str) -> dict:
 
 def random_pair_like(name: str = "tiny-code"):
     """A randomly initialised pair with the shipped pair's architecture (vocab 259, byte tokenizer)."""
-    from models import ByteTokenizer, ModelConfig, init_model
+    from smcsd.models import ByteTokenizer, ModelConfig, init_model
     tok = ByteTokenizer()
     sizes = {"tiny-code": ((256, 896, 6, 4, 2), (128, 384, 2, 2, 1)),
              "tiny-arith": ((128, 512, 4, 4, 2), (64, 192, 2, 2, 1))}[name if name != "random" else "tiny-code"]
@@ -185,8 +185,8 @@ def random_pair_like(name: str = "tiny-code"):
 
 def load_pair(name: str):
     """(target, draft, source): the shipped pair `name` if installed, else a random pair of its size."""
-    from models.registry import FETCHABLE, load_pair as load_named
-    from models.shipped import available_shipped, load_shipped
+    from smcsd.models.registry import FETCHABLE, load_pair as load_named
+    from smcsd.models.shipped import available_shipped, load_shipped
     if name in FETCHABLE:  # a real model from the user cache (fetched once); its draft may be None
         t, d = load_named(name)
         return t, d, "fetched"
@@ -218,7 +218,7 @@ def time_forward(model, rows: int, tokens_per_row: int, context: int, cache_len:
     import jax.numpy as jnp
     import numpy as np
 
-    from models import forward_cached
+    from smcsd.models import forward_cached
     cfg = model.config
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")

@@ -44,7 +44,7 @@ def main(argv=None):
 
     from experiments import arith_data, bench_speed
     from experiments.eval_arith import evaluate
-    from models.shipped import load_shipped
+    from smcsd.models.shipped import load_shipped
 
     target, draft = load_shipped("tiny-arith")
     problems = arith_data.test_set()[:args.limit]

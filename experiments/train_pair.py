@@ -37,7 +37,7 @@ import optax
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from models import ByteTokenizer, ModelConfig, forward_full, init_model  # noqa: E402
+from smcsd.models import ByteTokenizer, ModelConfig, forward_full, init_model  # noqa: E402
 from smcsd.train.loop import (checkpoint_manager, export_model, make_optimizer,  # noqa: E402
                               restore_checkpoint, save_checkpoint)
 from smcsd.train.loop import save_curves as _save_curves  # noqa: E402
@@ -262,7 +262,7 @@ def _manager(directory: str):
 
 def load_exported(directory: str):
     """(config, params) of an exported model, via the package loader."""
-    from models.shipped import load_model_dir
+    from smcsd.models.shipped import load_model_dir
     m = load_model_dir(directory)
     return m.config, m.params
 

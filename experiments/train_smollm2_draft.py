@@ -101,7 +101,7 @@ def train(args) -> None:
     import numpy as np
 
     import smcsd
-    from models import LanguageModel, init_model
+    from smcsd.models import LanguageModel, init_model
     from smcsd.train import TextCorpus
     from smcsd.train.loop import distill_ar_drafter, draft_config_for
 

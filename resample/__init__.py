@@ -4,11 +4,11 @@ Schemes follow Douc & Cappé (2005), "Comparison of resampling schemes for parti
 All functions are pure, static-shape, and usable under ``jax.jit`` and ``jax.vmap``.
 """
 
-from resample.ess import ess, log_ess
-from resample.policy import ResampleResult, maybe_resample
-from resample.registry import RESAMPLERS, Resampler, available_resamplers, get_resampler
-from resample.schemes import multinomial, residual, stratified, systematic
-from resample.weights import normalize
+from .ess import ess, log_ess
+from .policy import ResampleResult, maybe_resample
+from .registry import RESAMPLERS, Resampler, available_resamplers, get_resampler
+from .schemes import multinomial, residual, stratified, systematic
+from .weights import normalize
 
 __all__ = [
     "RESAMPLERS",

@@ -7,7 +7,7 @@ ESS = 1 / Σ w̄ᵢ² (Kong, Liu & Wong 1994) ranges from 1 (one particle holds 
 import jax
 import jax.numpy as jnp
 
-from resample.weights import _sanitize, normalize
+from .weights import _sanitize, normalize
 
 __all__ = ["ess", "log_ess"]
 

@@ -6,9 +6,9 @@ from typing import Callable, NamedTuple, Union
 import jax
 import jax.numpy as jnp
 
-from resample.ess import ess as _ess
-from resample.registry import get_resampler
-from resample.weights import _sanitize
+from .ess import ess as _ess
+from .registry import get_resampler
+from .weights import _sanitize
 
 __all__ = ["ResampleResult", "maybe_resample"]
 

@@ -2,7 +2,7 @@
 
 from typing import Callable
 
-from resample.schemes import multinomial, residual, stratified, systematic
+from .schemes import multinomial, residual, stratified, systematic
 
 __all__ = ["RESAMPLERS", "Resampler", "available_resamplers", "get_resampler"]
 

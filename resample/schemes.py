@@ -23,7 +23,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from resample.weights import _probabilities
+from .weights import _probabilities
 
 __all__ = ["multinomial", "residual", "stratified", "systematic"]
 

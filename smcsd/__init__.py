@@ -12,7 +12,7 @@ from . import flex as _flex  # noqa: F401  (registers "flex")
 from . import overlap as _overlap  # noqa: F401  (registers "sd-overlap")
 from .decode import available_methods, decode
 from .mesh import make_mesh
-from models.registry import available_models, fetch  # noqa: E402
+from smcsd.models.registry import available_models, fetch  # noqa: E402
 from . import drafters
 from .drafters import ARDrafter, Drafter, PromptLookup
 from .drafters.tree import TreeSpec

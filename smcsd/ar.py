@@ -9,7 +9,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from models import forward_cached
+from smcsd.models import forward_cached
 
 from .engine import MethodDef, ProgramInputs, StaticSpec, is_stop, prefill, register_method, write_tokens
 from .sampling import sample_logits

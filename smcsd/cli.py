@@ -84,7 +84,7 @@ def method_type(text: str) -> str:
 
 
 def resampler_type(text: str) -> str:
-    from resample import available_resamplers
+    from smcsd.resample import available_resamplers
     names = available_resamplers()
     if text not in names:
         raise argparse.ArgumentTypeError(f"unknown resampler {text!r}; choose one of: {', '.join(names)}")
@@ -96,7 +96,7 @@ def resampler_type(text: str) -> str:
 @functools.lru_cache(maxsize=4)
 def random_pair(seed: int = 0):
     """A small *randomly initialised* (target, draft) pair on the byte vocabulary: noise text, real timing."""
-    from models import ByteTokenizer, ModelConfig, init_model
+    from smcsd.models import ByteTokenizer, ModelConfig, init_model
     tok = ByteTokenizer()
     target = init_model(ModelConfig(vocab_size=tok.vocab_size, hidden_size=128, intermediate_size=384,
                                     num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2,
@@ -120,10 +120,10 @@ def load_checkpoint(path: str, flag: str):
         except ValueError as e:
             raise CLIError(f"{flag} {path}: config.json is not valid JSON ({e})") from None
         if not hf_style:
-            from models.shipped import load_model_dir
+            from smcsd.models.shipped import load_model_dir
             return load_model_dir(str(p))
     try:
-        from models import from_pretrained
+        from smcsd.models import from_pretrained
     except ImportError:
         raise CLIError(f"{flag} needs models.from_pretrained (Hugging Face checkpoint loading), which this "
                        "installation lacks; use --model NAME instead") from None
@@ -320,9 +320,9 @@ def cmd_chat(args) -> int:
 
 def cmd_fetch(args) -> int:
     try:
-        from models.registry import fetch
+        from smcsd.models.registry import fetch
     except ImportError as e:
-        raise CLIError(f"'smcsd fetch' needs models.registry, which this installation lacks ({e})") from None
+        raise CLIError(f"'smcsd fetch' needs smcsd.models.registry, which this installation lacks ({e})") from None
     try:
         path = fetch(args.name)
     except OSError as e:  # network or disk trouble: one line, not a traceback

@@ -119,7 +119,7 @@ def tensor_parallel(dev: Device, chips: int, allreduce_s: float) -> Device:
 
 def real_configs(dtype: str = "bfloat16") -> dict:
     """The real pairs' shapes as `models.ModelConfig`s: {pair: ((target name, config), (draft name, config))}."""
-    from models import ModelConfig
+    from smcsd.models import ModelConfig
     common = dict(dtype=dtype, max_position_embeddings=131072)
     llama8 = ModelConfig(vocab_size=128256, hidden_size=4096, intermediate_size=14336, num_hidden_layers=32,
                          num_attention_heads=32, num_key_value_heads=8, head_dim=128, **common)
@@ -139,7 +139,7 @@ def real_configs(dtype: str = "bfloat16") -> dict:
 
 def smollm2_config(dtype: str = "bfloat16"):
     """SmolLM2-135M's shape."""
-    from models import ModelConfig
+    from smcsd.models import ModelConfig
     return ModelConfig(vocab_size=49152, hidden_size=576, intermediate_size=1536, num_hidden_layers=30,
                        num_attention_heads=9, num_key_value_heads=3, head_dim=64, tie_word_embeddings=True,
                        dtype=dtype, max_position_embeddings=8192)
@@ -150,7 +150,7 @@ def smollm2_drafter_configs(dtype: str = "bfloat16") -> dict:
     256); `eagle`: an EAGLE-like head, one decoder layer at the target's width + the vocabulary head, drafting
     autoregressively (its cost is one small AR call per token); `block`: the shipped DFlash drafter (1 layer at the
     target's width, block 16)."""
-    from models import ModelConfig
+    from smcsd.models import ModelConfig
     smol = smollm2_config(dtype)
     ar = ModelConfig(vocab_size=49152, hidden_size=256, intermediate_size=768, num_hidden_layers=3,
                      num_attention_heads=4, num_key_value_heads=2, head_dim=64, tie_word_embeddings=True,

@@ -13,7 +13,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from models import LanguageModel
+from smcsd.models import LanguageModel
 
 from . import defaults as _defaults
 from . import sampling as _sampling
@@ -127,10 +127,10 @@ def _resolve_models(target, draft):
 def _pair_flex(target):
     """(target, its pair's FlexDraft adapters) for `decode(method="flex")` without a draft."""
     from .pairs import available_drafters, load as load_pair
-    from models.registry import available_models
+    from smcsd.models.registry import available_models
     pair = "tiny-code" if target is None else str(getattr(target, "name", "")).split("/")[0]
     if pair in available_models() and "flex" in available_drafters(pair):
-        from models.registry import FETCHABLE  # shipped toys load in their own dtype; fetched ones in the target's
+        from smcsd.models.registry import FETCHABLE  # shipped toys load in their own dtype; fetched ones in the target's
         dtype = target.config.dtype if target is not None and pair in FETCHABLE else None
         t, adapters = load_pair(pair, drafter="flex", dtype=dtype)
         return (t if target is None else target), adapters
@@ -309,7 +309,7 @@ def prepare(
     if select not in _SELECT:
         raise ValueError(f"select must be one of {_SELECT}, got {select!r}")
     if method == "smc":
-        from resample import get_resampler
+        from smcsd.resample import get_resampler
         get_resampler(resampler)  # raises a clear error naming the valid resamplers
         if temperature == 0 and draft_temperature == 0:
             warnings.warn("smc at temperature 0 with a greedy draft: all particles are identical, and a single "

@@ -17,7 +17,7 @@ from typing import NamedTuple
 
 import jax
 
-from models.shipped import SHIPPED_DIR
+from smcsd.models.shipped import SHIPPED_DIR
 
 SCHEMA = "smcsd.decode_defaults/1"
 FILENAME = "decode_defaults.json"

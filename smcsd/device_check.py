@@ -158,7 +158,7 @@ class Plan:
 
 def toy_pairs(dtype: str = "float32") -> tuple:
     """A tiny pair with the three drafter kinds (byte-sized vocabulary), for `--toy` and tests."""
-    from models import ModelConfig
+    from smcsd.models import ModelConfig
     common = dict(vocab_size=512, max_position_embeddings=1024, dtype=dtype)
     target = ModelConfig(hidden_size=128, intermediate_size=384, num_hidden_layers=4, num_attention_heads=4,
                          num_key_value_heads=2, **common)
@@ -287,8 +287,8 @@ def random_model(config, seed: int, name: str, platform: str):
     import jax.numpy as jnp
     import numpy as np
 
-    from models import LanguageModel
-    from models.transformer import Transformer
+    from smcsd.models import LanguageModel
+    from smcsd.models.transformer import Transformer
     module = Transformer(config, init_std=0.02)
     tokens = jnp.zeros((1, 1), jnp.int32)
     shapes = jax.eval_shape(module.init, jax.random.PRNGKey(seed), tokens, tokens)["params"]
@@ -393,8 +393,8 @@ def measure_call(model, T: int, cache_len: int, repeats: int, calls: int, min_di
     import jax
     import jax.numpy as jnp
 
-    from models import forward_cached, init_cache
-    from models.transformer import layers_unstacked
+    from smcsd.models import forward_cached, init_cache
+    from smcsd.models.transformer import layers_unstacked
     cfg = model.config
     params = model.decode_params()
     context = cache_len - T

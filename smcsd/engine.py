@@ -16,8 +16,8 @@ from typing import Callable, NamedTuple
 import jax
 import jax.numpy as jnp
 
-from models import KVCache, ModelConfig, forward_cached, init_cache
-from models.transformer import layers_unstacked
+from smcsd.models import KVCache, ModelConfig, forward_cached, init_cache
+from smcsd.models.transformer import layers_unstacked
 
 from .sampling import SamplingParams
 

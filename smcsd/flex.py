@@ -36,9 +36,9 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from models import forward_cached, init_cache
-from models.flex import draft_logits, forward_flex
-from models.transformer import layers_unstacked
+from smcsd.models import forward_cached, init_cache
+from smcsd.models.flex import draft_logits, forward_flex
+from smcsd.models.transformer import layers_unstacked
 
 from .engine import MethodDef, StaticSpec, register_method
 from .sampling import process_logits, sample

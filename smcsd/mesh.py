@@ -27,7 +27,7 @@ from typing import Any, Callable
 import jax
 from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec as P
 
-from models.sharding import DATA, MODEL, axis_size, layout, param_specs, put
+from smcsd.models.sharding import DATA, MODEL, axis_size, layout, param_specs, put
 
 __all__ = ["make_mesh", "check_mesh", "place_args", "compile_sharded", "record_cache_shardings"]
 

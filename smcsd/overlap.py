@@ -49,7 +49,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
-from models.sharding import DATA, MODEL, axis_size, layout, param_specs, put
+from smcsd.models.sharding import DATA, MODEL, axis_size, layout, param_specs, put
 
 from .drafters import as_drafter
 from .engine import MethodDef, ProgramInputs, StaticSpec, prefill, register_method

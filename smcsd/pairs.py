@@ -17,8 +17,8 @@ from __future__ import annotations
 import dataclasses
 import os
 
-from models.registry import FETCHABLE, available_models, load_pair as _load_target_pair, load_target
-from models.shipped import SHIPPED_DIR, load_model_dir
+from smcsd.models.registry import FETCHABLE, available_models, load_pair as _load_target_pair, load_target
+from smcsd.models.shipped import SHIPPED_DIR, load_model_dir
 
 from .drafters import (BlockDrafter, D2SDDrafter, EagleDrafter, FlexDrafter, FusedDrafter, LocalHead, MaskDrafter,
                        PromptLookup, SpecBlockDrafter)

@@ -24,7 +24,7 @@ import jax.numpy as jnp
 
 from typing import Any
 
-from models import KVCache
+from smcsd.models import KVCache
 
 from .drafters import as_drafter, initial_feed
 from .engine import MethodDef, ProgramInputs, StaticSpec, first_stop_count, is_stop, prefill, register_method, \

@@ -29,7 +29,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from models import ancestor_mask, forward_tree
+from smcsd.models import ancestor_mask, forward_tree
 
 from . import sd as _sd
 from .drafters import as_drafter

@@ -68,9 +68,9 @@ import jax.numpy as jnp
 
 from typing import Any
 
-from models import KVCache
-from models.sharding import active_layout
-from resample import maybe_resample, normalize
+from smcsd.models import KVCache
+from smcsd.models.sharding import active_layout
+from smcsd.resample import maybe_resample, normalize
 
 from .drafters import as_drafter, initial_feed
 from .engine import MethodDef, ProgramInputs, StaticSpec, first_stop_count, is_stop, register_method, verify_call, \

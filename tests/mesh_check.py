@@ -34,8 +34,8 @@ import numpy as np  # noqa: E402
 from jax.sharding import NamedSharding  # noqa: E402
 
 import smcsd  # noqa: E402
-from models import ModelConfig, init_model, load_sharded, save_pretrained  # noqa: E402
-from models.sharding import cache_spec, param_specs, shard_params  # noqa: E402
+from smcsd.models import ModelConfig, init_model, load_sharded, save_pretrained  # noqa: E402
+from smcsd.models.sharding import cache_spec, param_specs, shard_params  # noqa: E402
 from smcsd import engine  # noqa: E402
 from smcsd.mesh import record_cache_shardings  # noqa: E402
 

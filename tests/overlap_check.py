@@ -25,7 +25,7 @@ import time  # noqa: E402
 import jax  # noqa: E402
 
 import smcsd  # noqa: E402
-from models import ModelConfig, init_model  # noqa: E402
+from smcsd.models import ModelConfig, init_model  # noqa: E402
 from smcsd.decode import prepare  # noqa: E402
 from smcsd.overlap import OverlapRunner, overlap_seconds, split_devices  # noqa: E402
 

@@ -7,7 +7,7 @@ import pytest
 from scipy import stats as sps
 
 import smcsd
-from models import ByteTokenizer, ModelConfig, init_model
+from smcsd.models import ByteTokenizer, ModelConfig, init_model
 from smcsd.sampling import SamplingParams, process_logits
 
 from toys import chi_square_pvalue, tiny_config, tiny_pair

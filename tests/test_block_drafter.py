@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 import smcsd
-from models import forward_full, init_model
+from smcsd.models import forward_full, init_model
 from smcsd.drafters import BlockDrafter
 from smcsd.drafters.block import default_target_layers, reference_logits
 from smcsd.engine import _hidden_concat
@@ -184,7 +184,7 @@ def test_errors(tmp_path):
 # ----------------------------------------------------------------------------- training (smcsd/train/block.py)
 
 def _byte_setup():
-    from models import ByteTokenizer, ModelConfig
+    from smcsd.models import ByteTokenizer, ModelConfig
     from smcsd.train import TextCorpus
     tok = ByteTokenizer()
     cfg = ModelConfig(vocab_size=tok.vocab_size, hidden_size=32, intermediate_size=64, num_hidden_layers=3,

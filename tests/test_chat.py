@@ -18,8 +18,8 @@ import pytest
 from jinja2.exceptions import SecurityError
 
 import smcsd
-from models import ByteTokenizer, HFTokenizer, ModelConfig, init_model
-from models.chat import ChatTemplateError, compile_chat_template, render_chat_template
+from smcsd.models import ByteTokenizer, HFTokenizer, ModelConfig, init_model
+from smcsd.models.chat import ChatTemplateError, compile_chat_template, render_chat_template
 from smcsd import cli
 
 # SmolLM2-Instruct's template (ChatML with a default system message).
@@ -146,7 +146,7 @@ def _chat_tokenizer(template: str | None = CHATML) -> HFTokenizer:
     """A byte-level BPE (bytes 0..255, <s>=256, </s>=257, <pad>=258) plus <|im_start|>=259, <|im_end|>=260."""
     from tokenizers import Tokenizer
 
-    from models.hf import byte_tokenizer_json
+    from smcsd.models.hf import byte_tokenizer_json
     raw = Tokenizer.from_str(byte_tokenizer_json())
     raw.add_special_tokens(["<|im_start|>", "<|im_end|>"])
     return HFTokenizer.from_object(raw, bos_id=256, eos_id=257, pad_id=258, chat_template=template, name="chatml")
@@ -245,7 +245,7 @@ def run(capsys, *argv):
 @pytest.fixture(scope="module")
 def chat_dir(model, tok, tmp_path_factory):
     """`model` saved as a Hugging Face checkpoint whose tokenizer_config.json has the ChatML template."""
-    from models import save_pretrained
+    from smcsd.models import save_pretrained
     d = tmp_path_factory.mktemp("chat-model")
     save_pretrained(dataclasses.replace(model, tokenizer=None), str(d))
     tok._tok.save(str(d / "tokenizer.json"))
@@ -310,20 +310,20 @@ def test_chat_bad_arguments_one_line(capsys, argv, words):
 
 
 def test_chat_model_without_template(capsys, model, tmp_path):
-    from models import save_pretrained
+    from smcsd.models import save_pretrained
     save_pretrained(dataclasses.replace(model, tokenizer=None), str(tmp_path))  # no tokenizer, no template
     code, out, err = run(capsys, "chat", "--target", str(tmp_path), "Hi")
     assert code == 2 and err.count("\n") == 1 and "has no chat template" in err and "--target DIR" in err
 
 
 def test_fetch_prints_path(capsys, monkeypatch, tmp_path):
-    registry = pytest.importorskip("models.registry", reason="models.registry (smcsd fetch's backend) isn't there yet")
+    registry = pytest.importorskip("smcsd.models.registry", reason="models.registry (smcsd fetch's backend) isn't there yet")
     monkeypatch.setattr(registry, "fetch", lambda name: tmp_path / name)
     code, out, err = run(capsys, "fetch", "smollm2-135m")
     assert code == 0 and out == f"{tmp_path / 'smollm2-135m'}\n", err
 
 
 def test_fetch_without_registry_is_one_line(capsys, monkeypatch):
-    monkeypatch.setitem(sys.modules, "models.registry", None)  # as if the module were not installed
+    monkeypatch.setitem(sys.modules, "smcsd.models.registry", None)  # as if the module were not installed
     code, out, err = run(capsys, "fetch", "smollm2-135m")
-    assert code == 2 and err.count("\n") == 1 and "models.registry" in err
+    assert code == 2 and err.count("\n") == 1 and "smcsd.models.registry" in err

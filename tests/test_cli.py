@@ -152,7 +152,7 @@ def _write_pair(directory):
     import numpy as np
     from safetensors.numpy import save_file
 
-    from models.shipped import _flatten
+    from smcsd.models.shipped import _flatten
     for role, model in zip(("target", "draft"), cli.random_pair()):
         d = directory / role
         d.mkdir(parents=True)

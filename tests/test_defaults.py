@@ -9,8 +9,8 @@ import os
 import pytest
 
 import smcsd
-from models import init_model
-from models.shipped import SHIPPED_DIR
+from smcsd.models import init_model
+from smcsd.models.shipped import SHIPPED_DIR
 from smcsd import defaults
 from smcsd.defaults import FILENAME, SCHEMA
 from smcsd.drafters import as_drafter

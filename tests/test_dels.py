@@ -41,7 +41,7 @@ def test_propose_follows_the_fused_q_it_reports():
     p = d.drafter_params()
     R, Kp = 20_000, 3
     prompt = jnp.asarray([PROMPT], jnp.int32)
-    from models import forward_full
+    from smcsd.models import forward_full
     from smcsd.engine import _hidden_concat
     _, hid = forward_full(target.config, target.params, prompt, hidden_layers=d.hidden_layers)
     hid = _hidden_concat(hid)
@@ -143,7 +143,7 @@ def test_training_learns_a_local_pattern(tmp_path):
     """A byte corpus where each letter is followed by the next one (cyclically): the head, which sees only the
     block's own tokens, must learn it; held-out accuracy goes from chance to near 1 (document boundaries are the
     only exceptions), and the saved head loads."""
-    from models import ByteTokenizer, ModelConfig, init_model
+    from smcsd.models import ByteTokenizer, ModelConfig, init_model
     from smcsd.train import TextCorpus, train_local_head
     tok = ByteTokenizer()
     cfg = ModelConfig(vocab_size=tok.vocab_size, hidden_size=16, intermediate_size=32, num_hidden_layers=1,

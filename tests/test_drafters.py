@@ -18,7 +18,7 @@ import pytest
 from flax import struct
 
 import smcsd
-from models import KVCache, forward_full
+from smcsd.models import KVCache, forward_full
 from smcsd import engine
 from smcsd import smc as smc_mod
 from smcsd.drafters import ARDrafter, Drafter, PromptLookup, TokenHistory, as_drafter

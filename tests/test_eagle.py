@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 
 import smcsd
-from models import forward_full, init_model
+from smcsd.models import forward_full, init_model
 from smcsd.drafters import DraftVocab, EagleDrafter, KINDS
 from smcsd.drafters.eagle import default_target_layers, eagle_unroll_logits
 from smcsd.drafters.vocab import floor_mixture
@@ -447,7 +447,7 @@ def test_errors(tmp_path):
 # ----------------------------------------------------------------------------- training (smcsd/train/eagle.py)
 
 def _byte_setup(batch_size=8, seq_len=32, heldout_frac=0.05):
-    from models import ByteTokenizer, ModelConfig
+    from smcsd.models import ByteTokenizer, ModelConfig
     from smcsd.train import TextCorpus
     tok = ByteTokenizer()
     cfg = ModelConfig(vocab_size=tok.vocab_size, hidden_size=32, intermediate_size=64, num_hidden_layers=3,

@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 
 import smcsd
-from models import forward_cached, init_cache, init_model
-from models.flex import FlexConfig, draft_logits, forward_flex, init_flex_params
-from models.transformer import unstack_layers
+from smcsd.models import forward_cached, init_cache, init_model
+from smcsd.models.flex import FlexConfig, draft_logits, forward_flex, init_flex_params
+from smcsd.models.transformer import unstack_layers
 from smcsd.drafters import FlexDrafter
 from toys import chi_square_pvalue, exact_distribution, sample_counts, tiny_config, tiny_pair, total_variation
 
@@ -161,7 +161,7 @@ def test_save_load_and_errors(tmp_path):
 def test_training_raises_acceptance(tmp_path):
     """train_flex on the byte toy: the held-out expected accepted length of the masks' drafts rises, calibration is
     reported separately, only the adapters change (the target's params are untouched) and the result loads."""
-    from models import ByteTokenizer, ModelConfig
+    from smcsd.models import ByteTokenizer, ModelConfig
     from smcsd.train import TextCorpus, train_flex
     tok = ByteTokenizer()
     cfg = ModelConfig(vocab_size=tok.vocab_size, hidden_size=32, intermediate_size=64, num_hidden_layers=2,

@@ -15,18 +15,18 @@ from gguf import GGMLQuantizationType as Q
 from gguf import GGML_QUANT_SIZES, GGUFWriter, quants
 from tokenizers import AddedToken, Tokenizer, decoders, models as tok_models, pre_tokenizers, trainers
 
-import models.gguf as mg
-from models import LanguageModel, ModelConfig, from_gguf, from_pretrained
-from models.checkpoint import param_shape, tensor_map, tree_get, tree_set
-from models.hf import _bytes_to_unicode
-from models.rope import inverse_frequencies
+import smcsd.models.gguf as mg
+from smcsd.models import LanguageModel, ModelConfig, from_gguf, from_pretrained
+from smcsd.models.checkpoint import param_shape, tensor_map, tree_get, tree_set
+from smcsd.models.hf import _bytes_to_unicode
+from smcsd.models.rope import inverse_frequencies
 
 FIXTURES = os.path.join(os.path.dirname(__file__), "fixtures", "smollm2")
 
 
 def smollm2_gguf_path() -> str | None:
     """The real SmolLM2-135M-Instruct GGUF in the user cache (`smcsd fetch smollm2-135m`), or None."""
-    from models.registry import cached_path
+    from smcsd.models.registry import cached_path
     return cached_path("smollm2-135m")
 
 

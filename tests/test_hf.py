@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 from safetensors.numpy import load_file, save_file
 
-from models import ByteTokenizer, HFTokenizer, ModelConfig, from_pretrained, init_model, save_pretrained
-from models.hf import byte_tokenizer_json
+from smcsd.models import ByteTokenizer, HFTokenizer, ModelConfig, from_pretrained, init_model, save_pretrained
+from smcsd.models.hf import byte_tokenizer_json
 
 FIX = os.path.join(os.path.dirname(__file__), "fixtures", "hf")
 ARCHS = ["llama", "mistral", "qwen2", "qwen3"]

@@ -120,3 +120,33 @@ def test_checkpoint_reading_is_apart_from_placement(graph):
                                                  "transformer"), graph[f"{PACKAGE}.checkpoint"]
     # Device layout knows nothing of models, caches or loaders (it duck-types what it places).
     assert graph[f"{PACKAGE}.sharding"] <= m("config"), graph[f"{PACKAGE}.sharding"]
+
+
+def test_install_is_namespaced(tmp_path):
+    """Installed (editable or not), models/ and resample/ are smcsd.models and smcsd.resample: outside the
+    repository, a bare `import models` / `import resample` finds nothing of ours (a user's own top-level
+    `models` package stays theirs), and the namespaced names import."""
+    import subprocess
+    import sys
+
+    code = ("import importlib.util as u, smcsd.models as m, smcsd.resample as r, smcsd\n"
+            "assert m.from_pretrained and r.systematic and smcsd.models is m\n"
+            "print(u.find_spec('models') is None, u.find_spec('resample') is None)\n")
+    out = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True,
+                         env={k: v for k, v in __import__("os").environ.items() if k != "PYTHONPATH"})
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["True", "True"], out.stdout
+
+
+def test_no_top_level_models_import_left():
+    """Every import of the two folders names them as smcsd.models / smcsd.resample (inside them: relative)."""
+    bad = []
+    for path in sorted(ROOT.rglob("*.py")):
+        if ".venv" in path.parts or ".git" in path.parts:
+            continue
+        for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+            names = ([a.name for a in node.names] if isinstance(node, ast.Import)
+                     else [node.module or ""] if isinstance(node, ast.ImportFrom) and not node.level else [])
+            bad += [f"{path.relative_to(ROOT)}:{node.lineno} {n}" for n in names
+                    if n.split(".")[0] in ("models", "resample")]
+    assert not bad, bad

@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 
 import smcsd
-from models import forward_full, init_model
-from models.transformer import InputEdits
+from smcsd.models import forward_full, init_model
+from smcsd.models.transformer import InputEdits
 from smcsd.drafters.mask import FEATURE_SCALE, MaskDrafter
 from smcsd.engine import _hidden_concat
 from toys import chi_square_pvalue, exact_distribution, sample_counts, tiny_config, tiny_pair, total_variation

@@ -6,7 +6,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from models import ByteTokenizer, HFTokenizer, LanguageModel, ModelConfig, init_model
+from smcsd.models import ByteTokenizer, HFTokenizer, LanguageModel, ModelConfig, init_model
 
 BASE = dict(vocab_size=37, hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_attention_heads=4,
             max_position_embeddings=64)
@@ -136,15 +136,15 @@ def test_packed_forward_equals_unpacked_at_the_packed_tokens(arch, unstacked):
     """forward_cached(..., pack=): ragged row prefixes run as one packed row of tokens; their logits, hidden states
     and cache writes equal the plain forward's, the rest are zeros, and later calls see the same cache."""
     import functools
-    from models import forward_cached as plain
-    from models.transformer import unstack_layers
+    from smcsd.models import forward_cached as plain
+    from smcsd.models.transformer import unstack_layers
     model = _model(arch)
     forward_cached = jax.jit(functools.partial(plain, model.config), static_argnames=("hidden_layers",))
     c, params = model.config, (unstack_layers(model.params) if unstacked else model.params)
     B, T, V = 3, 4, BASE["vocab_size"]
     cache = model.init_cache(B, 16)
     if unstacked:
-        from models import init_cache
+        from smcsd.models import init_cache
         cache = init_cache(c.num_hidden_layers, B, 16, c.num_key_value_heads, c.head_dim, c.jnp_dtype, per_layer=True)
     cache = forward_cached(params, _tokens(B, 3, V, 1), cache, num_valid=jnp.array([3, 1, 2]))[1]
     toks = _tokens(B, T, V, 2)

@@ -95,7 +95,7 @@ def test_notebook_runs(path, monkeypatch):
 @pytest.mark.slow
 def test_your_checkpoint_loads_hf_pair(tmp_path, monkeypatch):
     """With real checkpoint folders (tiny random HF exports here), the notebook loads them and decodes on a mesh."""
-    from models import ByteTokenizer, ModelConfig, init_model, save_pretrained
+    from smcsd.models import ByteTokenizer, ModelConfig, init_model, save_pretrained
 
     tok = ByteTokenizer()
     for role, hidden, layers, seed in [("target", 32, 2, 0), ("draft", 16, 1, 1)]:

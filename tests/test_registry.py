@@ -14,8 +14,8 @@ import numpy as np
 import pytest
 
 import smcsd
-from models import ModelConfig, forward_cached, forward_full, init_cache, init_model, registry
-from models.transformer import layers_unstacked, stack_layers, unstack_layers
+from smcsd.models import ModelConfig, forward_cached, forward_full, init_cache, init_model, registry
+from smcsd.models.transformer import layers_unstacked, stack_layers, unstack_layers
 
 PAYLOAD = b"GGUF fake payload for the fetch test"
 

@@ -15,12 +15,12 @@ import numpy as np
 import pytest
 
 try:
-    import resample
+    from smcsd import resample
 except ImportError:  # plain `pytest` does not put the repo root on sys.path without a config
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-    import resample
+    from smcsd import resample
 
-from resample import (
+from smcsd.resample import (
     RESAMPLERS,
     ResampleResult,
     available_resamplers,
@@ -254,7 +254,7 @@ def test_inverse_cdf_never_lands_on_zero_weight():
     # A position that rounds onto the total mass (systematic: (M − 1 + u)/M == 1.0 in float32
     # when u ≈ 1) must go to the last *positive* particle, and a position on a boundary next to
     # a zero-weight particle must skip it. Too rare (~1e-7) to reach through random keys.
-    from resample.schemes import _inverse_cdf
+    from smcsd.resample.schemes import _inverse_cdf
 
     w = jnp.array([0.5, 0.0, 0.3, 0.2, 0.0, 0.0])
     positions = jnp.array([0.0, 0.5, 0.8, 0.999, 1.0])

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 import smcsd
-from models import ByteTokenizer, init_model
+from smcsd.models import ByteTokenizer, init_model
 from smcsd import sd as sd_mod
 from toys import chi_square_pvalue, exact_distribution, sample_counts, tiny_config, tiny_pair, total_variation
 

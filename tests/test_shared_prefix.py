@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 
 import smcsd
-from models import forward_cached, init_cache, init_model
-from models.transformer import unstack_layers
+from smcsd.models import forward_cached, init_cache, init_model
+from smcsd.models.transformer import unstack_layers
 from smcsd.decode import prepare
 from smcsd.drafters import BlockDrafter
 from smcsd.smc import prefix_sharing

@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 
 import smcsd
-from models import ByteTokenizer, LanguageModel
-from models import shipped
-from models.shipped import CheckpointError, available_shipped, load_model_dir, load_shipped
+from smcsd.models import ByteTokenizer, LanguageModel
+from smcsd.models import shipped
+from smcsd.models.shipped import CheckpointError, available_shipped, load_model_dir, load_shipped
 
 PAIRS = ("tiny-code", "tiny-arith")
 GOLDEN = os.path.join(os.path.dirname(__file__), "golden", "shipped_greedy.json")

@@ -29,7 +29,7 @@ import pytest
 from scipy import stats as sps
 
 import smcsd
-from models import forward_cached
+from smcsd.models import forward_cached
 from smcsd import engine
 from smcsd import smc as smc_mod
 from smcsd.sampling import SamplingParams, process_logits

@@ -37,7 +37,7 @@ def _read(name):
 
 @pytest.fixture(scope="module")
 def gguf_path():
-    from models.registry import cached_path
+    from smcsd.models.registry import cached_path
 
     path = cached_path("smollm2-135m")
     if path is None:

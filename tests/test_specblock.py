@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 import smcsd
-from models import forward_full
+from smcsd.models import forward_full
 from smcsd.drafters import SpecBlockDrafter, initial_feed
 from smcsd.drafters.specblock import reference_block_logits
 from smcsd.engine import _hidden_concat
@@ -132,7 +132,7 @@ def test_save_load_round_trip(tmp_path):
 # ----------------------------------------------------------------------------- training
 
 def _byte_setup():
-    from models import ByteTokenizer, ModelConfig, init_model
+    from smcsd.models import ByteTokenizer, ModelConfig, init_model
     from smcsd.train import TextCorpus
     tok = ByteTokenizer()
     cfg = ModelConfig(vocab_size=tok.vocab_size, hidden_size=32, intermediate_size=64, num_hidden_layers=3,

@@ -12,7 +12,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from experiments import arith_data  # noqa: E402
 from experiments import train_pair as tp  # noqa: E402
-from models import ModelConfig  # noqa: E402
+from smcsd.models import ModelConfig  # noqa: E402
 
 TINY = ModelConfig(vocab_size=259, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
                    num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=128)
@@ -53,7 +53,7 @@ def test_resume_with_other_settings_or_without_flag_is_refused(tmp_path):
 
 def test_export_round_trip(tmp_path):
     res = _train(tmp_path, steps=2, out=str(tmp_path / "out"))
-    from models.shipped import load_model_dir
+    from smcsd.models.shipped import load_model_dir
     m = load_model_dir(str(tmp_path / "out" / "tiny-arith" / "target"))
     assert m.config == TINY
     for a, b in zip(jax.tree_util.tree_leaves(res["params"]), jax.tree_util.tree_leaves(m.params)):
@@ -88,7 +88,7 @@ def test_cli_size_and_export_as(tmp_path):
     tp.main(["--pair", "tiny-arith", "--role", "target", "--steps", "2", "--batch-size", "2", "--size", "32,48,1,2,1",
              "--export-as", "drafters/small", "--ckpt-dir", str(tmp_path / "ckpt"), "--out", str(out),
              "--results-dir", "", "--no-progress", "--eval-every", "2"])
-    from models.shipped import load_model_dir
+    from smcsd.models.shipped import load_model_dir
     m = load_model_dir(str(out / "tiny-arith" / "drafters" / "small"))
     assert (m.config.hidden_size, m.config.intermediate_size, m.config.num_hidden_layers,
             m.config.num_attention_heads, m.config.num_key_value_heads) == (32, 48, 1, 2, 1)

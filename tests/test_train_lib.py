@@ -12,7 +12,7 @@ import pytest
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # experiments/
 
-from models import ByteTokenizer, ModelConfig, forward_full, init_model  # noqa: E402
+from smcsd.models import ByteTokenizer, ModelConfig, forward_full, init_model  # noqa: E402
 from smcsd.train import (TeacherStream, TextCorpus, ar_distill_loss, check_vocab, distill_ar_drafter,  # noqa: E402
                          losses, train)
 from smcsd.train import cli as train_cli  # noqa: E402
@@ -253,7 +253,7 @@ def test_distillation_lowers_the_kl_and_exports(target, stream, draft, tmp_path)
     assert [e["step"] for e in ev] == [0, 15, 30]
     assert ev[-1]["kl"] < 0.8 * ev[0]["kl"], ev
     assert 0 < ev[0]["accept"] < ev[-1]["accept"] <= 1
-    from models.shipped import load_model_dir
+    from smcsd.models.shipped import load_model_dir
     m = load_model_dir(str(tmp_path / "drafter"))
     assert m.config == DRAFT
     for a, b in zip(jax.tree_util.tree_leaves(res.params), jax.tree_util.tree_leaves(m.params)):

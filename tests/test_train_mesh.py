@@ -25,7 +25,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from models import ByteTokenizer, ModelConfig, init_model
+from smcsd.models import ByteTokenizer, ModelConfig, init_model
 from smcsd.train import Placement, TextCorpus, distill_ar_drafter, draft_config_for, placement, train
 
 HERE = os.path.dirname(os.path.abspath(__file__))

@@ -8,8 +8,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from models import ancestor_mask, forward_cached, forward_full, forward_tree, init_model
-from models.transformer import unstack_layers
+from smcsd.models import ancestor_mask, forward_cached, forward_full, forward_tree, init_model
+from smcsd.models.transformer import unstack_layers
 from toys import tiny_config
 
 # A tree of 6 nodes under the root (index 0): root -> 1, 2; 1 -> 3, 4; 2 -> 5; 3 -> 6.
@@ -42,7 +42,7 @@ def test_tree_forward_equals_each_path(unstacked, shared):
     rng = np.random.default_rng(0)
     ctx = rng.integers(0, 11, size=(2, 5)).astype(np.int32)
     nodes = rng.integers(0, 11, size=(2, len(PARENTS))).astype(np.int32)
-    from models import init_cache
+    from smcsd.models import init_cache
     cache = init_cache(cfg.num_hidden_layers, 2, 24, cfg.num_key_value_heads, cfg.head_dim, per_layer=unstacked)
     _, cache = forward_cached(cfg, params, jnp.asarray(ctx), cache)
     if shared:  # the context as a shared prefix: 1 row per prompt, as smc's particles hold it
@@ -90,7 +90,7 @@ def test_compact_moves_the_path(unstacked):
     model = init_model(tiny_config(vocab=11, hidden=32, layers=2, heads=4, kv_heads=2), 5, init_std=0.5)
     cfg = model.config
     params = unstack_layers(model.params) if unstacked else model.params
-    from models import init_cache
+    from smcsd.models import init_cache
     mk = lambda: init_cache(cfg.num_hidden_layers, 1, 24, cfg.num_key_value_heads, cfg.head_dim, per_layer=unstacked)
     ctx = jnp.asarray([[1, 2, 3]], jnp.int32)
     nodes = jnp.asarray([[4, 5, 6, 7, 8, 9, 10]], jnp.int32)
@@ -277,7 +277,7 @@ def test_variable_prefix_training_matches_decode_path():
     """A training block that shows its first p gold tokens has the logits of the decode-time re-anchored block
     (`block_logits_at(..., prefix, prefix_len)` over a cache filled from the same hidden states), and its loss
     ignores the given positions."""
-    from models import forward_full
+    from smcsd.models import forward_full
     from smcsd.drafters import BlockDrafter
     from smcsd.engine import _hidden_concat
     from smcsd.train.block import block_loss, block_train_logits

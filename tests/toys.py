@@ -12,7 +12,7 @@ import numpy as np
 from scipy import stats as sps
 
 import smcsd
-from models import ModelConfig, init_model
+from smcsd.models import ModelConfig, init_model
 from smcsd.sampling import SamplingParams, process_logits
 
 

@@ -57,7 +57,7 @@ import numpy as np  # noqa: E402
 from jax.sharding import NamedSharding  # noqa: E402
 
 import smcsd  # noqa: E402
-from models import ByteTokenizer, ModelConfig, init_model  # noqa: E402
+from smcsd.models import ByteTokenizer, ModelConfig, init_model  # noqa: E402
 from smcsd.drafters.block import BlockDrafter  # noqa: E402
 from smcsd.train import TextCorpus, distill_ar_drafter, draft_config_for, train_block_drafter  # noqa: E402
 
@@ -195,7 +195,7 @@ def check_global_target(t):
     """A target already on the global mesh (as `models.load_sharded` gives it; across processes its arrays are not
     fully addressable): the teacher rebuilds its local copy from this process's shards, the fingerprint gathers, and
     a block drafter trains from it (first 2 steps)."""
-    from models.sharding import shard_params
+    from smcsd.models.sharding import shard_params
     from smcsd.train import TeacherStream, params_fingerprint, placement
     m = smcsd.make_mesh(4, 2)
     tg = shard_params(t, m)

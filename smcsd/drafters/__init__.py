@@ -42,7 +42,7 @@ KINDS = {"ar": ARDrafter, "prompt-lookup": PromptLookup, "dflash": BlockDrafter,
 def as_drafter(draft):
     """A `Drafter` from what `decode(draft=...)` accepts: a Drafter, a `models.LanguageModel` (wrapped in
     `ARDrafter`), a `models.ModelConfig` (static use: building programs), or None."""
-    from models import LanguageModel, ModelConfig
+    from smcsd.models import LanguageModel, ModelConfig
     if draft is None or isinstance(draft, Drafter):
         return draft
     if isinstance(draft, (LanguageModel, ModelConfig)):

@@ -13,7 +13,7 @@ import dataclasses
 import jax
 import jax.numpy as jnp
 
-from models import LanguageModel, ModelConfig, forward_cached, forward_tree
+from smcsd.models import LanguageModel, ModelConfig, forward_cached, forward_tree
 
 from ..engine import prefill
 from ..sampling import process_logits, sample

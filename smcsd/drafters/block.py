@@ -35,9 +35,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from models import KVCache, ModelConfig, init_cache
-from models.rope import apply_rope, inverse_frequencies, rope_tables
-from models.transformer import MLP, Part, RMSNorm, _dense, attend
+from smcsd.models import KVCache, ModelConfig, init_cache
+from smcsd.models.rope import apply_rope, inverse_frequencies, rope_tables
+from smcsd.models.transformer import MLP, Part, RMSNorm, _dense, attend
 
 from ..sampling import process_logits, sample
 from .base import Drafter, Proposal, TreeProposal, check_hidden_layers
@@ -272,7 +272,7 @@ class BlockDrafter(Drafter):
     def load(cls, path: str, dtype: str | None = None, name: str | None = None) -> "BlockDrafter":
         """A block drafter saved by `save` (unbound: `decode` binds it to the target). `dtype` overrides the
         compute dtype (default: the config's, float32)."""
-        from models.shipped import _read_tensors, _unflatten
+        from smcsd.models.shipped import _read_tensors, _unflatten
         cfg_path = os.path.join(path, "config.json")
         if not os.path.isfile(cfg_path):
             raise ValueError(f"no block drafter at {path!r} (config.json missing)")

@@ -46,9 +46,9 @@ import jax.numpy as jnp
 import numpy as np
 from flax import struct
 
-from models import KVCache, ModelConfig, init_cache
-from models.rope import apply_rope, inverse_frequencies, rope_tables
-from models.transformer import MLP, Part, RMSNorm, attend
+from smcsd.models import KVCache, ModelConfig, init_cache
+from smcsd.models.rope import apply_rope, inverse_frequencies, rope_tables
+from smcsd.models.transformer import MLP, Part, RMSNorm, attend
 
 from ..sampling import process_logits, sample
 from .base import Drafter, Proposal, TreeProposal, check_hidden_layers

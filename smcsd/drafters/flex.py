@@ -17,8 +17,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from models import ModelConfig
-from models.flex import FlexConfig, FlexParams, init_flex_params
+from smcsd.models import ModelConfig
+from smcsd.models.flex import FlexConfig, FlexParams, init_flex_params
 
 from .base import Drafter
 
@@ -164,7 +164,7 @@ class FlexDrafter(Drafter):
 
     @classmethod
     def load(cls, path: str, name: str | None = None) -> "FlexDrafter":
-        from models.shipped import _read_tensors, _unflatten
+        from smcsd.models.shipped import _read_tensors, _unflatten
         cfg_path = os.path.join(path, "config.json")
         if not os.path.isfile(cfg_path):
             raise ValueError(f"no FlexDraft adapters at {path!r} (config.json missing)")

@@ -165,7 +165,7 @@ class LocalHead:
 
     @classmethod
     def load(cls, path: str, name: str | None = None) -> "LocalHead":
-        from models.shipped import _read_tensors
+        from smcsd.models.shipped import _read_tensors
         cfg_path = os.path.join(path, "config.json")
         if not os.path.isfile(cfg_path):
             raise ValueError(f"no local head at {path!r} (config.json missing)")

@@ -25,8 +25,8 @@ import dataclasses
 import jax.numpy as jnp
 import numpy as np
 
-from models import KVCache, LanguageModel, ModelConfig, forward_cached
-from models.transformer import InputEdits
+from smcsd.models import KVCache, LanguageModel, ModelConfig, forward_cached
+from smcsd.models.transformer import InputEdits
 
 from ..engine import prefill
 from ..sampling import process_logits, sample
@@ -118,7 +118,7 @@ class MaskDrafter(Drafter):
         import json
         import os
 
-        from models.shipped import _read_tensors, load_model_dir
+        from smcsd.models.shipped import _read_tensors, load_model_dir
         meta_path = os.path.join(path, "pard2.json")
         if not os.path.isfile(meta_path):
             raise ValueError(f"no mask (pard2) drafter at {path!r} (pard2.json missing)")
@@ -259,8 +259,8 @@ def _prefill(config, params, prompt, prompt_len, cache_len, inputs):
     """`engine.prefill` with input edits (the dual mode's prompt features); one row per prompt."""
     if inputs is None:
         return prefill(config, params, prompt, prompt_len, cache_len)
-    from models import init_cache
-    from models.transformer import layers_unstacked
+    from smcsd.models import init_cache
+    from smcsd.models.transformer import layers_unstacked
     B = prompt.shape[0]
     cache = init_cache(config.num_hidden_layers, B, cache_len, config.num_key_value_heads, config.head_dim,
                        config.jnp_dtype, per_layer=layers_unstacked(params))

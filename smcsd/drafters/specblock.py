@@ -35,9 +35,9 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from models import init_cache
-from models.rope import inverse_frequencies, rope_tables
-from models.transformer import Part, RMSNorm, _dense
+from smcsd.models import init_cache
+from smcsd.models.rope import inverse_frequencies, rope_tables
+from smcsd.models.transformer import Part, RMSNorm, _dense
 
 from ..sampling import process_logits, sample
 from .base import Proposal, TreeProposal

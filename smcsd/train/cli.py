@@ -68,12 +68,12 @@ def load_target(spec: str, dtype: str | None = None):
             except ValueError as e:
                 raise ValueError(f"--target {spec}: config.json is not valid JSON ({e})") from None
             if not hf_style:
-                from models.shipped import load_model_dir
+                from smcsd.models.shipped import load_model_dir
                 return load_model_dir(spec)
-        from models import from_pretrained
-        from models.registry import default_dtype
+        from smcsd.models import from_pretrained
+        from smcsd.models.registry import default_dtype
         return from_pretrained(spec, dtype=dtype or default_dtype())
-    from models.registry import FETCHABLE, available_models, load_pair
+    from smcsd.models.registry import FETCHABLE, available_models, load_pair
     names = available_models()
     if spec not in names:
         raise ValueError(f"--target {spec}: no such file or directory, nor a known model name "
@@ -87,7 +87,7 @@ def parse_draft_config(spec: str | None, target_config):
     Keys: hidden, layers, heads, kv_heads, intermediate (or their ModelConfig names), and any other
     ModelConfig field; unspecified fields follow the target (vocabulary, special tokens, RoPE, context).
     """
-    from models import ModelConfig
+    from smcsd.models import ModelConfig
     from .loop import draft_config_for
     if spec is None:
         return draft_config_for(target_config)
@@ -192,7 +192,7 @@ def build_parser(prog: str = "train_drafter.py") -> argparse.ArgumentParser:
 
 def run(args) -> int:
     """Load the target, build the corpus and the drafter, distil, export to --out; prints a summary."""
-    from models.shipped import load_model_dir
+    from smcsd.models.shipped import load_model_dir
     from .data import TextCorpus, check_vocab
     from .loop import distill_ar_drafter
 

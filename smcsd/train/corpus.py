@@ -42,9 +42,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from models import forward_cached
-from models.cache import init_cache
-from models.transformer import layers_unstacked
+from smcsd.models import forward_cached
+from smcsd.models.cache import init_cache
+from smcsd.models.transformer import layers_unstacked
 
 from . import prompts as _prompts
 from .data import params_fingerprint

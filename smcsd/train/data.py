@@ -34,7 +34,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from models import ModelConfig, forward_full
+from smcsd.models import ModelConfig, forward_full
 
 __all__ = ["DEFAULT_EXTENSIONS", "TeacherStream", "TextCorpus", "check_vocab", "params_fingerprint", "read_texts",
            "teacher_mesh"]
@@ -248,7 +248,7 @@ def _localize(params, config: ModelConfig, mesh):
     array already in that layout is rebuilt from this process's shards (no transfer)."""
     from jax.sharding import NamedSharding, PartitionSpec as P
 
-    from models.sharding import axis_size, param_specs, put
+    from smcsd.models.sharding import axis_size, param_specs, put
     specs = param_specs(params, axis_size(mesh, "model"), config)
 
     def place(x, spec):

@@ -21,8 +21,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from models import init_cache
-from models.flex import FlexConfig, draft_logits, forward_flex
+from smcsd.models import init_cache
+from smcsd.models.flex import FlexConfig, draft_logits, forward_flex
 
 from ..drafters.flex import FlexDrafter
 from .block import sample_anchors

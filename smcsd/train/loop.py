@@ -40,8 +40,8 @@ import optax
 
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
-from models import ModelConfig, forward_full, init_model
-from models.sharding import DATA, MODEL, axis_size, param_specs, put
+from smcsd.models import ModelConfig, forward_full, init_model
+from smcsd.models.sharding import DATA, MODEL, axis_size, param_specs, put
 
 from .data import TeacherStream, TextCorpus, check_vocab
 from .losses import cross_entropy, forward_kl, forward_kl_topk

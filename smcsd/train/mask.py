@@ -30,8 +30,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from models import forward_tree, init_cache
-from models.transformer import InputEdits
+from smcsd.models import forward_tree, init_cache
+from smcsd.models.transformer import InputEdits
 
 from ..drafters.mask import FEATURE_SCALE, MaskDrafter
 from .data import TeacherStream, TextCorpus

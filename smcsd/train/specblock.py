@@ -27,7 +27,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from models.transformer import Part
+from smcsd.models.transformer import Part
 
 from ..drafters.block import _logits
 from ..drafters.specblock import (SpecBlockConfig, SpecBlockDrafter, SpecBlockNet, causal_blocks, init_rank_params,
