@@ -76,6 +76,8 @@ def main(argv=None):
     ap.add_argument("--export-dtype", choices=train_cli.EXPORT_DTYPES, default=None,
                     help="stored dtype (default: float32 on tiny-code, bfloat16 on smollm2-135m; computed in float32 on CPU)")
     ap.add_argument("--lr", type=float, default=None)
+    ap.add_argument("--target-layers", type=int, nargs="+", default=None,
+                    help="target layers the drafter reads (default: smcsd.drafters.block.default_target_layers)")
     ap.add_argument("--ce-weight", type=float, default=0.5)
     ap.add_argument("--kl-weight", type=float, default=0.5)
     train_cli.add_schedule_args(ap)
@@ -102,7 +104,7 @@ def main(argv=None):
         drafter = BlockDrafter.load(_drafter_dir(args.pair, "dflash-dpace"), dtype="float32", name=name).bind(target)
     else:
         drafter = BlockDrafter.create(target, num_layers=args.layers, block_size=args.block_size, seed=args.seed,
-                                      name=name)
+                                      target_layers=args.target_layers, name=name)
     tag = f"{args.pair}-{args.weighting}{'-vp' if args.variable_prefix else ''}-s{args.seed}"
     out = train_cli.output_dir(args, name)
     res = train_block_drafter(

@@ -263,6 +263,59 @@ def test_distillation_lowers_the_kl_and_exports(target, stream, draft, tmp_path)
     assert info["budget"]["tokens_seen"] == 30 * 8 * 16 and info["final_eval"]["step"] == 30
 
 
+def test_objective_per_position_matches_closed_forms_at_temperature():
+    """An SMC objective compares p_τ ∝ p^(1/τ) with q_τ = softmax(logits / τ); each divergence is checked against
+    its closed form computed here in numpy (D_2 = log Σ p²/q, reverse KL = Σ q log q/p)."""
+    from smcsd.train import Objective
+    rng = np.random.default_rng(5)
+    t_logits, d_logits = rng.normal(size=(2, 3, 6)) * 2, rng.normal(size=(2, 3, 6)) * 2
+    batch = {"logp": jnp.asarray(log_softmax_np(t_logits), jnp.float32)}
+    tau = 0.7
+    p, q = np.exp(log_softmax_np(t_logits / tau)), np.exp(log_softmax_np(d_logits / tau))
+    closed = {"renyi": np.log((p ** 2 / q).sum(-1)), "reverse_kl": (q * np.log(q / p)).sum(-1),
+              "forward_kl": (p * np.log(p / q)).sum(-1)}
+    a15 = np.log((p ** 1.5 * q ** -0.5).sum(-1)) / 0.5
+    closed["renyi_kl_mix"] = a15 + 0.25 * closed["forward_kl"]
+    for name, want in closed.items():
+        obj = Objective(name, alpha=1.5 if name == "renyi_kl_mix" else 2.0, temperature=tau, mix_kl_weight=0.25)
+        got = np.asarray(obj.per_position(batch, jnp.asarray(d_logits, jnp.float32)))
+        np.testing.assert_allclose(got, want, rtol=2e-4, atol=1e-5, err_msg=name)
+    # the temperature is applied: at τ = 1 the value differs
+    assert not np.allclose(np.asarray(Objective("renyi").per_position(batch, jnp.asarray(d_logits, jnp.float32))),
+                           closed["renyi"], atol=1e-3)
+
+
+@pytest.mark.parametrize("kw, match", [
+    (dict(divergence="renyi", alpha=1.0), "alpha"), (dict(divergence="renyi_kl_mix", alpha=0.5), "alpha"),
+    (dict(divergence="chi2"), "divergence must be one of"), (dict(temperature=0.0), "temperature"),
+    (dict(temperature=float("nan")), "temperature"), (dict(mix_kl_weight=-1.0), "mix_kl_weight"),
+    (dict(mix_kl_weight=float("nan")), "mix_kl_weight")])
+def test_objective_bad_settings_are_clear_errors(kw, match):
+    from smcsd.train import Objective
+    with pytest.raises(ValueError, match=match):
+        Objective(**kw)
+
+
+def test_distill_with_an_smc_objective_resumes_exactly_and_lowers_it(target, stream, draft, tmp_path):
+    """Rényi-2 at τ = 0.7: the held-out objective falls; a run stopped and resumed gives the uninterrupted losses
+    bit for bit; resuming with another objective is refused (it is part of the run's settings)."""
+    from smcsd.train import Objective
+    obj = Objective("renyi", alpha=2.0, temperature=0.7)
+    kw = dict(steps=12, lr=1e-2, warmup=2, eval_every=12, progress=False, objective=obj, ce_weight=0.0,
+              kl_weight=1.0)
+    full = distill_ar_drafter(target, draft, stream, ckpt_dir=str(tmp_path / "a"), **kw)
+    ev = full.history["eval"]
+    assert ev[-1]["objective"] < 0.9 * ev[0]["objective"], ev
+    distill_ar_drafter(target, draft, stream, ckpt_dir=str(tmp_path / "b"), stop_after=5, **kw)
+    resumed = distill_ar_drafter(target, draft, stream, ckpt_dir=str(tmp_path / "b"), resume=True, **kw)
+    assert resumed.history["train"] == full.history["train"]
+    with pytest.raises(ValueError, match="other settings"):
+        distill_ar_drafter(target, draft, stream, ckpt_dir=str(tmp_path / "b"), resume=True,
+                           **{**kw, "objective": Objective("reverse_kl", temperature=0.7)})
+    with pytest.raises(TypeError, match="objective must be"):
+        distill_ar_drafter(target, draft, stream, steps=1, objective=2.0)
+
+
 # ----------------------------------------------------------------------------------------------- cli
 
 def test_train_drafter_cli_end_to_end(target, draft, tmp_path, capsys):

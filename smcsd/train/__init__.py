@@ -31,12 +31,12 @@ from .local import train_local_head
 from .specblock import train_rank_head, train_specblock
 from .flex import train_flex
 from .data import TeacherStream, TextCorpus, check_vocab, params_fingerprint, read_texts
-from .loop import (Placement, TrainResult, ar_distill_loss, checkpoint_manager, distill_ar_drafter, draft_config_for,
+from .loop import (Objective, Placement, TrainResult, ar_distill_loss, checkpoint_manager, distill_ar_drafter, draft_config_for,
                    export_model, flatten_params, make_optimizer, placement, restore_checkpoint, save_checkpoint,
                    save_curves, train)
 
 __all__ = [
-    "Placement", "TeacherStream", "TextCorpus", "TrainResult", "ar_distill_loss", "check_vocab", "checkpoint_manager",
+    "Objective", "Placement", "TeacherStream", "TextCorpus", "TrainResult", "ar_distill_loss", "check_vocab", "checkpoint_manager",
     "distill_ar_drafter", "draft_config_for", "export_model", "flatten_params", "losses", "make_optimizer",
     "params_fingerprint", "placement", "read_texts", "restore_checkpoint", "save_checkpoint", "save_curves", "train",
     "train_block_drafter", "train_flex", "train_local_head", "train_rank_head", "train_specblock",

@@ -44,7 +44,9 @@ from smcsd.models import ModelConfig, forward_full, init_model
 from smcsd.models.sharding import DATA, MODEL, axis_size, param_specs, put
 
 from .data import TeacherStream, TextCorpus, check_vocab
-from .losses import cross_entropy, forward_kl, forward_kl_topk
+from .losses import (_check_alpha, check_weights, cross_entropy, forward_kl, forward_kl_topk, masked_mean,
+                     token_forward_kl, token_forward_kl_topk, token_renyi, token_renyi_kl_mix,
+                     token_renyi_kl_mix_topk, token_renyi_topk, token_reverse_kl, token_reverse_kl_topk)
 
 __all__ = [
     "Placement", "TrainResult", "checkpoint_manager", "distill_ar_drafter", "draft_config_for", "export_model",
@@ -689,14 +691,94 @@ def draft_config_for(target: ModelConfig, *, hidden: int | None = None, layers: 
     return ModelConfig(**fields)
 
 
-@functools.lru_cache(maxsize=16)
-def ar_distill_loss(config: ModelConfig, ce_weight: float, kl_weight: float) -> Callable:
-    """loss_fn(params, batch) = w_ce · CE(gold next tokens) + w_kl · KL(p_T ‖ q) over a `TeacherStream` batch.
+DIVERGENCES = ("forward_kl", "reverse_kl", "renyi", "renyi_kl_mix")
 
-    KL uses the batch's full `logp` when present, else its renormalised top-k (`forward_kl_topk`).
-    Positions holding the config's pad token are masked. Cached per settings so a resumed run reuses
-    the compiled step.
+
+@dataclasses.dataclass(frozen=True)
+class Objective:
+    """What an autoregressive drafter is distilled towards, per position, against the target's distribution:
+
+    - `divergence`: "forward_kl" KL(p ‖ q) (speculative decoding's acceptance; the default), "reverse_kl" KL(q ‖ p)
+      (mode-seeking), "renyi" D_α(p ‖ q) (α = 2: log(1 + χ²), the second moment of SMC's per-token importance
+      weight, which N/ESS grows with) or "renyi_kl_mix" D_α + `mix_kl_weight` · KL (the SMC-SD authors' robust
+      setting at α = 1.5, 0.5);
+    - `temperature`: both distributions processed at the temperature the drafter will propose at (SMC weighs
+      p_τ / q_τ; p_τ ∝ p^(1/τ) from the teacher's log-probs, q_τ = softmax(logits / τ));
+    - `alpha`: the Rényi order (> 1) of "renyi" / "renyi_kl_mix".
+
+    Frozen and hashable: it is part of the compiled step's key and of a run's resume metadata (`to_dict`).
     """
+    divergence: str = "forward_kl"
+    alpha: float = 2.0
+    temperature: float = 1.0
+    mix_kl_weight: float = 0.5
+
+    def __post_init__(self):
+        if self.divergence not in DIVERGENCES:
+            raise ValueError(f"objective divergence must be one of {', '.join(DIVERGENCES)}, got {self.divergence!r}")
+        if self.divergence in ("renyi", "renyi_kl_mix"):
+            _check_alpha("Objective", self.alpha)
+        t = self.temperature
+        if isinstance(t, bool) or not isinstance(t, (int, float)) or not math.isfinite(t) or t <= 0:
+            raise ValueError(f"objective temperature must be a finite number > 0, got {t!r}")
+        check_weights(mix_kl_weight=self.mix_kl_weight)
+        object.__setattr__(self, "alpha", float(self.alpha))
+        object.__setattr__(self, "temperature", float(t))
+        object.__setattr__(self, "mix_kl_weight", float(self.mix_kl_weight))
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+    def per_position(self, batch, logits):
+        """The divergence at every position `[B, T]` from a `TeacherStream` batch (full `logp` or top-k)."""
+        tau = self.temperature
+        lg = logits if tau == 1.0 else logits / tau
+        if "logp" in batch:
+            lp = batch["logp"] if tau == 1.0 else jax.nn.log_softmax(batch["logp"].astype(jnp.float32) / tau, -1)
+            if self.divergence == "forward_kl":
+                return token_forward_kl(lp, lg)
+            if self.divergence == "reverse_kl":
+                return token_reverse_kl(lp, lg)
+            if self.divergence == "renyi":
+                return token_renyi(lp, lg, self.alpha)
+            return token_renyi_kl_mix(lp, lg, alpha=self.alpha, renyi_weight=1.0, kl_weight=self.mix_kl_weight)
+        ids, lp = batch["topk_ids"], batch["topk_logp"]
+        if tau != 1.0:
+            if self.divergence == "reverse_kl":
+                raise ValueError("reverse_kl at temperature != 1 needs the target's full log-probs: run the teacher "
+                                 "with topk=None")
+            lp = lp.astype(jnp.float32) / tau  # renormalised over the top-k by the top-k losses below
+        if self.divergence == "forward_kl":
+            return token_forward_kl_topk(ids, lp, lg)
+        if self.divergence == "reverse_kl":
+            return token_reverse_kl_topk(ids, lp, lg)
+        if self.divergence == "renyi":
+            return token_renyi_topk(ids, lp, lg, self.alpha)
+        return token_renyi_kl_mix_topk(ids, lp, lg, alpha=self.alpha, renyi_weight=1.0, kl_weight=self.mix_kl_weight)
+
+
+def _objective(objective) -> Objective:
+    if objective is None:
+        return Objective()
+    if isinstance(objective, str):
+        return Objective(divergence=objective)
+    if not isinstance(objective, Objective):
+        raise TypeError(f"objective must be an Objective, a divergence name or None, got {type(objective).__name__}")
+    return objective
+
+
+@functools.lru_cache(maxsize=16)
+def ar_distill_loss(config: ModelConfig, ce_weight: float, kl_weight: float,
+                    objective: "Objective | str | None" = None) -> Callable:
+    """loss_fn(params, batch) = w_ce · CE(gold next tokens) + w_kl · D(p_T ‖ q) over a `TeacherStream` batch.
+
+    D is `objective`'s divergence (default: forward KL at temperature 1); it uses the batch's full `logp` when
+    present, else its renormalised top-k. Positions holding the config's pad token are masked. The aux values are
+    the CE, the forward KL at temperature 1 (`kl`, comparable across objectives) and the objective (`div`).
+    Cached per settings so a resumed run reuses the compiled step.
+    """
+    obj = _objective(objective)
+    check_weights(ce_weight=ce_weight, kl_weight=kl_weight)
     pad = config.pad_token_id
 
     def loss_fn(params, batch):
@@ -708,14 +790,16 @@ def ar_distill_loss(config: ModelConfig, ce_weight: float, kl_weight: float) -> 
             kl = forward_kl(batch["logp"], logits, valid)
         else:
             kl = forward_kl_topk(batch["topk_ids"], batch["topk_logp"], logits, valid)
-        return ce_weight * ce + kl_weight * kl, {"ce": ce, "kl": kl}
+        div = kl if obj == Objective() else masked_mean(obj.per_position(batch, logits), valid)
+        return ce_weight * ce + kl_weight * div, {"ce": ce, "kl": kl, "div": div}
     return loss_fn
 
 
 @functools.lru_cache(maxsize=16)
-def _ar_eval_program(config: ModelConfig, ce_weight: float, kl_weight: float):
-    """jit(params, batch) -> (ce, kl, acceptance) batch means; acceptance = Σ_x min(p_T, q) (or its top-k bound)."""
-    loss_fn = ar_distill_loss(config, ce_weight, kl_weight)
+def _ar_eval_program(config: ModelConfig, ce_weight: float, kl_weight: float, objective=None):
+    """jit(params, batch) -> (ce, kl, acceptance, objective) batch means; acceptance = Σ_x min(p_T, q) (or its
+    top-k bound)."""
+    loss_fn = ar_distill_loss(config, ce_weight, kl_weight, objective)
 
     def ev(params, batch):
         _, aux = loss_fn(params, batch)
@@ -724,7 +808,7 @@ def _ar_eval_program(config: ModelConfig, ce_weight: float, kl_weight: float):
             acc = jnp.minimum(jnp.exp(batch["logp"]), q).sum(-1)
         else:
             acc = jnp.minimum(jnp.exp(batch["topk_logp"]), jnp.take_along_axis(q, batch["topk_ids"], -1)).sum(-1)
-        return aux["ce"], aux["kl"], acc.mean()
+        return aux["ce"], aux["kl"], acc.mean(), aux["div"]
     return jax.jit(ev)
 
 
@@ -735,8 +819,11 @@ def distill_ar_drafter(target, draft, corpus: TextCorpus | TeacherStream, *, ste
                        overwrite: bool = False, out: str | None = None, export_dtype: str = "float32",
                        eval_every: int = 100, ckpt_every: int = 100, eval_rows: int | None = 64,
                        progress: bool = True, stop_after: int | None = None, curves_path: str | None = None,
-                       command: str | None = None, mesh: "Mesh | Placement | None" = None) -> TrainResult:
-    """Distil an autoregressive drafter from `target` on `corpus`: loss = w_ce · CE(gold) + w_kl · KL(p_T ‖ q).
+                       command: str | None = None, mesh: "Mesh | Placement | None" = None,
+                       objective: "Objective | str | None" = None) -> TrainResult:
+    """Distil an autoregressive drafter from `target` on `corpus`: loss = w_ce · CE(gold) + w_kl · D(p_T ‖ q), D the
+    `objective`'s divergence (default forward KL; `Objective("renyi", alpha=2, temperature=0.7)` trains an SMC
+    proposal for T = 0.7).
 
     target: a `LanguageModel`. draft: a `ModelConfig` (initialised from `seed`) or a `LanguageModel`
     (warm start from its params). corpus: a `TextCorpus` (the teacher then runs with `topk` / `cache_dir`)
@@ -760,23 +847,29 @@ def distill_ar_drafter(target, draft, corpus: TextCorpus | TeacherStream, *, ste
         raise ValueError(f"seq_len {corpus.seq_len} exceeds the drafter's max_position_embeddings "
                          f"{draft_config.max_position_embeddings}")
     params = init_model(draft_config, seed=seed).params if isinstance(draft, ModelConfig) else draft.params
-    loss_fn = ar_distill_loss(draft_config, float(ce_weight), float(kl_weight))
-    ev_prog = _ar_eval_program(draft_config, float(ce_weight), float(kl_weight))
+    obj = _objective(objective)
+    if obj.divergence == "reverse_kl" and obj.temperature != 1.0 and stream.topk is not None:
+        raise ValueError("objective reverse_kl at temperature != 1 needs the target's full log-probs: pass topk=None")
+    loss_fn = ar_distill_loss(draft_config, float(ce_weight), float(kl_weight), obj)
+    ev_prog = _ar_eval_program(draft_config, float(ce_weight), float(kl_weight), obj)
     acc_key = "accept" if stream.topk is None else "accept_lb"
+    keys = ("ce", "kl", acc_key) + (() if obj == Objective() else ("objective",))
 
     def eval_fn(p):
-        sums, n = np.zeros(3), 0
+        sums, n = np.zeros(4), 0
         for b in stream.eval_batches(eval_rows):
             m = len(b["tokens"])
             sums += m * np.asarray([float(x) for x in pl.to_host(ev_prog(p, pl.shard_global(b)))])
             n += m
-        return dict(zip(("ce", "kl", acc_key), (sums / max(n, 1)).tolist()))
+        return dict(zip(keys, (sums / max(n, 1)).tolist()))
 
     meta = {"recipe": "distill_ar_drafter", "draft_config": draft_config.to_dict(),
             "target_config": stream.config.to_dict(), "target_params": stream.params_fingerprint,
             "corpus": corpus.fingerprint, "batch_size": corpus.batch_size, "seq_len": corpus.seq_len,
             "data_seed": corpus.seed, "topk": stream.topk, "ce_weight": ce_weight, "kl_weight": kl_weight,
             "init_seed": seed if isinstance(draft, ModelConfig) else "warm-start"}
+    if obj != Objective():  # runs with the default objective keep the metadata (and resume) they always had
+        meta["objective"] = obj.to_dict()
     name = getattr(target, "name", "target")
     batches = stream.batch if pl.mesh is None else (lambda step: stream.batch(step, rows))
     res = train(loss_fn, params, batches, steps=steps, lr=lr, warmup=warmup, clip=clip,
