@@ -178,16 +178,18 @@ def main(argv=None):
     ap.add_argument("--quality-samples", type=int, default=None, help="default: 1 (tiny-arith), 4 (others)")
     ap.add_argument("--arith-points", type=float, default=3.0)
     ap.add_argument("--logp-tol", type=float, default=0.1)
-    ap.add_argument("--write", action="store_true", help="store the choice with the pair (decode_defaults.json)")
+    ap.add_argument("--write", action="store_true", help="store the choice with the pair (decode_defaults.json), "
+                    "keeping the stored choices of drafters not measured in this run")
+    ap.add_argument("--replace", action="store_true", help="with --write: drop the stored choices of other drafters")
     ap.add_argument("--out", default=None)
     args = ap.parse_args(argv)
 
     import smcsd
     from smcsd.defaults import SCHEMA, defaults_path
-    from smcsd.pairs import BLOCK_DRAFTERS, MODEL_DRAFTERS
+    from smcsd.pairs import BLOCK_DRAFTERS, EAGLE_DRAFTERS, MODEL_DRAFTERS
 
     pair = args.pair
-    names = args.drafters or [n for n in smcsd.available_drafters(pair) if n in MODEL_DRAFTERS + BLOCK_DRAFTERS]
+    names = args.drafters or [n for n in smcsd.available_drafters(pair) if n in MODEL_DRAFTERS + BLOCK_DRAFTERS + EAGLE_DRAFTERS]
     target = smcsd.load(pair)[0]
     prompts, stops, _ = prompts_for(pair, target, args.prompts)
     qn = args.quality_prompts or (200 if pair == "tiny-arith" else 8)
@@ -243,12 +245,30 @@ def main(argv=None):
         drafters_out[name] = rows
         print(candidates_table(rows), flush=True)
     cmd = report.command(__file__, argv)
+    commands = [cmd]
+    ar_quality_of = {n: ar_quality for n in names}  # the ar reference each drafter's smc verdicts were made against
+    if args.write and not args.replace:  # keep the stored choices of drafters this run did not measure
+        from smcsd.defaults import load_defaults
+        old = load_defaults(pair)
+        if old is not None:
+            for backend in backends:
+                for n, e in old.get("backends", {}).get(backend, {}).items():
+                    backends[backend].setdefault(n, e)
+            for n, rows in old.get("candidates", {}).items():
+                if n not in drafters_out:
+                    drafters_out[n] = rows
+                    ar_quality_of[n] = old.get("ar_quality_of", {}).get(n, old["ar_quality"])
+            commands = old.get("commands", [old.get("command")]) + commands
+    # the pair's default drafter per backend: the one whose default setting is fastest (`smcsd.load(pair)` gives it)
+    default_drafter = {b: max(entries, key=lambda n: entries[n]["speedup_vs_ar"]) for b, entries in backends.items()
+                       if entries}
     result = report.new_result(
-        SCHEMA, pair=pair, command=cmd, machine=report.machine_info(),
+        SCHEMA, pair=pair, command=cmd, commands=commands, machine=report.machine_info(),
         tolerance=dict(arith_points=args.arith_points, logp_nats_per_token=args.logp_tol),
         settings=dict(temperature=args.temperature, prompts=len(prompts), rounds=args.rounds,
                       max_new_tokens=args.max_new_tokens, quality_prompts=qn, quality_samples=qs, batch=1),
-        ar_quality=ar_quality, backends=backends, candidates=drafters_out, markdown=markdown(backends, drafters_out))
+        ar_quality=ar_quality, ar_quality_of=ar_quality_of, default_drafter=default_drafter, backends=backends, candidates=drafters_out,
+        markdown=markdown(backends, drafters_out))
     out = args.out or report.results_path(f"choose_defaults_{pair}.json")
     print("wrote", report.write_json(out, result, indent=2))
     if args.write:

@@ -124,19 +124,35 @@ def _resolve_models(target, draft):
     return target, as_drafter(draft)
 
 
+SMC_PROPOSAL = "smc-proposal"  # the drafter name of a pair's proposal trained for SMC (experiments/train_smc_proposal.py)
+
+
+def _target_pair(target) -> str | None:
+    """The shipped or fetchable pair a target belongs to (None: the default tiny-code pair; a user's own model gives
+    a name that is no pair)."""
+    return "tiny-code" if target is None else str(getattr(target, "name", "")).split("/")[0]
+
+
+def _pair_drafter(target, name: str):
+    """(target, its pair's drafter `name`) or None when the target's pair has no such drafter."""
+    from .pairs import available_drafters, load as load_pair
+    from smcsd.models.registry import FETCHABLE, available_models
+    pair = _target_pair(target)
+    if pair not in available_models() or name not in available_drafters(pair):
+        return None
+    dtype = target.config.dtype if target is not None and pair in FETCHABLE else None  # shipped toys: their own
+    t, drafter = load_pair(pair, drafter=name, dtype=dtype)
+    return (t if target is None else target), drafter
+
+
 def _pair_flex(target):
     """(target, its pair's FlexDraft adapters) for `decode(method="flex")` without a draft."""
-    from .pairs import available_drafters, load as load_pair
-    from smcsd.models.registry import available_models
-    pair = "tiny-code" if target is None else str(getattr(target, "name", "")).split("/")[0]
-    if pair in available_models() and "flex" in available_drafters(pair):
-        from smcsd.models.registry import FETCHABLE  # shipped toys load in their own dtype; fetched ones in the target's
-        dtype = target.config.dtype if target is not None and pair in FETCHABLE else None
-        t, adapters = load_pair(pair, drafter="flex", dtype=dtype)
-        return (t if target is None else target), adapters
-    raise ValueError("method 'flex' needs FlexDraft adapters for this target and none ship with it: pass "
-                     "draft=smcsd.drafters.FlexDrafter (train one with smcsd.train.train_flex), or use a pair that has "
-                     "them (smcsd.available_drafters(pair) lists 'flex')")
+    found = _pair_drafter(target, "flex")
+    if found is None:
+        raise ValueError("method 'flex' needs FlexDraft adapters for this target and none ship with it: pass "
+                         "draft=smcsd.drafters.FlexDrafter (train one with smcsd.train.train_flex), or use a pair that "
+                         "has them (smcsd.available_drafters(pair) lists 'flex')")
+    return found
 
 
 _WARNED_SLOW_DTYPE = False
@@ -269,6 +285,8 @@ def prepare(
     _check_prompt_or_messages(prompt, messages)
     if method == "flex" and draft is None:  # the target drafts for itself with its pair's FlexDraft adapters
         target, draft = _pair_flex(target)
+    elif method == "smc" and draft is None:  # the pair's proposal trained for SMC, when it ships one
+        target, draft = _pair_drafter(target, SMC_PROPOSAL) or (target, draft)
     target, draft = _resolve_models(target, draft)
     _warn_half_precision_on_cpu(target, draft.model if isinstance(draft, ARDrafter) else None)
     if method is not None and (not isinstance(method, str) or method not in METHODS):

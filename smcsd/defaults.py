@@ -57,6 +57,15 @@ def load_defaults(pair: str) -> dict | None:
     return data
 
 
+def default_drafter(pair: str) -> str | None:
+    """The drafter `smcsd.load(pair)` gives on this backend when none is named: the stored `default_drafter` (the
+    drafter whose measured default setting is fastest, written by experiments/choose_defaults.py), else None."""
+    stored = load_defaults(pair)
+    if stored is None:
+        return None
+    return (stored.get("default_drafter") or {}).get(backend())
+
+
 def names_of(target, draft) -> tuple[str | None, str | None]:
     """(pair, drafter name) when the target and drafter came from `smcsd.load` ("tiny-code/target",
     "tiny-code/ar-distilled", "smollm2-135m", a `PromptLookup`), else Nones."""

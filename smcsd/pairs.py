@@ -25,6 +25,7 @@ from .drafters import (BlockDrafter, D2SDDrafter, EagleDrafter, FlexDrafter, Fus
 
 # Model drafters, best first: `load(pair)` returns the first one the pair has.
 MODEL_DRAFTERS = ("ar-distilled", "ar")
+SMC_PROPOSALS = ("smc-proposal",)  # AR drafters fine-tuned for SMC (χ² / Rényi); decode(method="smc") picks them
 BLOCK_DRAFTERS = ("dflash-dpace", "dflash", "specblock")  # BlockDrafter checkpoints (SpecBlock: its subclass)
 BLOCK_KINDS = {"specblock": SpecBlockDrafter}
 TREE_DRAFTERS = ("d2sd",)  # a variable-prefix block drafter + d2sd.json naming its main drafter
@@ -51,22 +52,26 @@ def _check_pair(pair) -> str:
 def available_drafters(pair: str = "tiny-code") -> list[str]:
     """Drafter names `load(pair, drafter=...)` accepts, the pair's best model drafter first."""
     _check_pair(pair)
-    return [n for n in MODEL_DRAFTERS + BLOCK_DRAFTERS + EAGLE_DRAFTERS + TREE_DRAFTERS + MASK_DRAFTERS + FUSED_DRAFTERS +
+    return [n for n in MODEL_DRAFTERS + SMC_PROPOSALS + BLOCK_DRAFTERS + EAGLE_DRAFTERS + TREE_DRAFTERS + MASK_DRAFTERS + FUSED_DRAFTERS +
                     FLEX_DRAFTERS if _drafter_dir(pair, n)] \
         + sorted(PARAM_FREE)
 
 
 def load(pair: str = "tiny-code", drafter: str | None = None, dtype: str | None = None):
-    """`(target, drafter)` of a pair. `drafter=None` gives the pair's best model drafter (None when it has none,
-    so `decode` runs `ar`); a name from `available_drafters(pair)` gives that one. Model drafters come back as
+    """`(target, drafter)` of a pair. `drafter=None` gives the pair's default drafter: the one its
+    `decode_defaults.json` measured fastest on this backend (`smcsd.defaults.default_drafter`), else its best model
+    drafter (None when it has none, so `decode` runs `ar`); a name from `available_drafters(pair)` gives that one. Model drafters come back as
     their `LanguageModel` (what `decode(draft=...)` wraps in `ARDrafter`), block drafters as a `BlockDrafter` bound
     to the target, parameter-free ones as a `Drafter`.
     `dtype` applies to fetched targets (and their drafters); shipped toys load in their stored dtype."""
     _check_pair(pair)
     target = load_target(pair, dtype) if pair in FETCHABLE else _load_target_pair(pair, dtype)[0]
     names = available_drafters(pair)
-    if drafter is None:
-        drafter = next((n for n in MODEL_DRAFTERS if n in names), None)
+    if drafter is None:  # the measured best on this backend (decode_defaults.json), else the best model drafter
+        from .defaults import default_drafter
+        drafter = default_drafter(pair)
+        if drafter not in names:
+            drafter = next((n for n in MODEL_DRAFTERS if n in names), None)
         if drafter is None:
             return target, None
     if drafter not in names:

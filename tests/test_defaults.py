@@ -42,11 +42,27 @@ def test_stored_defaults_are_the_fastest_passing_candidate(pair):
             best = max(passing, key=lambda r: r[key])
             assert entry["default"] == best["candidate"], (backend, drafter)
             assert entry["speedup_vs_ar"] >= 1.0 - 1e-9
+            ar_q = data.get("ar_quality_of", {}).get(drafter, data["ar_quality"])  # merged runs keep their own
             for r in rows:  # the quality verdicts follow the stored tolerance
                 if r["candidate"]["method"] == "smc":
                     tol = data["tolerance"]["arith_points"] / 100 if r["quality"]["metric"] == "accuracy" \
                         else data["tolerance"]["logp_nats_per_token"]
-                    assert r["passes"] == (r["quality"]["value"] >= data["ar_quality"]["value"] - tol)
+                    assert r["passes"] == (r["quality"]["value"] >= ar_q["value"] - tol)
+        if "default_drafter" in data:  # the pair's default drafter is the one with the fastest default
+            entries = data["backends"][backend]
+            best = max(entries, key=lambda n: entries[n]["speedup_vs_ar"])
+            assert entries[data["default_drafter"][backend]]["speedup_vs_ar"] == entries[best]["speedup_vs_ar"]
+
+
+def test_load_gives_the_stored_default_drafter(monkeypatch):
+    """`smcsd.load(pair)` without a drafter name gives the stored default drafter of this backend; a stored name
+    the pair does not ship falls back to its best model drafter."""
+    real = defaults.load_defaults("tiny-code")
+    fake = {**real, "default_drafter": {defaults.backend(): "dflash"}}
+    monkeypatch.setattr(defaults, "load_defaults", lambda pair: fake if pair == "tiny-code" else None)
+    assert smcsd.load("tiny-code")[1].name == "tiny-code/dflash"
+    fake["default_drafter"] = {defaults.backend(): "no-such-drafter"}
+    assert smcsd.load("tiny-code")[1].name == "tiny-code/ar-distilled"
 
 
 def test_decode_without_a_method_runs_the_pairs_default():
