@@ -27,7 +27,7 @@ if REPO not in sys.path:
 from experiments import _train_cli as train_cli, report  # noqa: E402
 
 DEFAULTS = {
-    "tiny-arith": dict(seq_len=128, batch_size=32, steps=600, lr=5e-4, problems=40_000),
+    "tiny-arith": dict(seq_len=128, batch_size=32, steps=600, lr=5e-4, problems=6_000),
     "tiny-code": dict(seq_len=256, batch_size=16, steps=600, lr=5e-4, problems=None),
 }
 
@@ -40,8 +40,9 @@ def corpus_for(pair: str, target, args):
         while len(texts) < args.problems:  # the training problems of train_pair.py's schedule, never a test problem
             texts += arith_data.train_texts(1, step, 256)
             step += 1
+        # one problem per row (pack=False): the drafter is trained in the context it drafts in, a problem alone
         return TextCorpus(texts[:args.problems], tokenizer=target.tokenizer, seq_len=args.seq_len,
-                          batch_size=args.batch_size, heldout_frac=0.02, seed=0)
+                          batch_size=args.batch_size, heldout_frac=0.02, seed=0, pack=False)
     from experiments.train_block_drafter import corpus_for as block_corpus
     args.max_tokens = args.max_tokens or 2_000_000
     return block_corpus(pair, target, args)

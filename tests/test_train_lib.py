@@ -147,6 +147,17 @@ def test_corpus_batches_are_deterministic_cover_an_epoch_and_hold_out_rows():
     assert c.describe()["heldout_rows"] == len(c.heldout_rows)
 
 
+def test_unpacked_corpus_has_one_padded_document_per_row():
+    docs = ["ab", "hello world", "xyz"] * 4
+    c = TextCorpus(docs, tokenizer=TOK, seq_len=16, batch_size=2, heldout_frac=0.25, pack=False)
+    rows = np.concatenate([c.train_rows, c.heldout_rows])
+    assert rows.shape == (12, 16) and c.num_tokens == sum(len(d) + 2 for d in docs)  # BOS + bytes + EOS
+    np.testing.assert_array_equal(rows[1, :13], [TOK.bos_id] + list(b"hello world") + [TOK.eos_id])
+    assert (rows[1, 13:] == TOK.pad_id).all() and (rows[:, 0] == TOK.bos_id).all()
+    with pytest.raises(ValueError, match="more than seq_len=8"):
+        TextCorpus(docs, tokenizer=TOK, seq_len=8, batch_size=2, pack=False)
+
+
 def test_corpus_too_small_and_vocab_mismatch_are_clear_errors(tmp_path):
     with pytest.raises(ValueError, match=r"corpus has 11 tokens, fewer than one batch of batch_size\*seq_len = 64; "
                                          r"add text or lower batch_size/seq_len"):

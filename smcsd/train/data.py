@@ -80,12 +80,14 @@ class TextCorpus:
 
     texts: strings (documents); files: paths of files or directories (see `read_texts`). Each document
     becomes `tokenizer.encode(text)` (BOS included when the tokenizer adds one) + `[EOS]`. `max_tokens`
-    truncates the packed stream (a budget for huge directories).
+    truncates the packed stream (a budget for huge directories). `pack=False`: one document per row instead,
+    right-padded with the tokenizer's `pad_id` (which the training losses mask), for short documents that should be
+    seen in the context they are decoded in (a chat turn, an arithmetic problem) rather than after other documents.
     """
 
     def __init__(self, texts: Sequence[str] = (), *, tokenizer, seq_len: int, batch_size: int,
                  files: Sequence[str] = (), seed: int = 0, heldout_frac: float = 0.05,
-                 extensions: Sequence[str] = DEFAULT_EXTENSIONS, max_tokens: int | None = None):
+                 extensions: Sequence[str] = DEFAULT_EXTENSIONS, max_tokens: int | None = None, pack: bool = True):
         if isinstance(texts, str):
             raise TypeError("texts must be a list of strings (documents), not one string")
         if tokenizer is None:
@@ -106,16 +108,40 @@ class TextCorpus:
         for d in docs:
             ids = list(tokenizer.encode(d)) + ([eos] if eos is not None else [])
             parts.append(np.asarray(ids, np.int32))
-        stream = np.concatenate(parts) if parts else np.zeros((0,), np.int32)
-        if max_tokens is not None:
-            stream = stream[:max_tokens]
-        self.num_tokens = int(len(stream))
-        need = batch_size * seq_len
-        if self.num_tokens < need:
-            raise ValueError(f"corpus has {self.num_tokens} tokens, fewer than one batch of batch_size*seq_len = "
-                             f"{need}; add text or lower batch_size/seq_len")
-        n_rows = self.num_tokens // seq_len
-        rows = stream[:n_rows * seq_len].reshape(n_rows, seq_len)
+        self.pack = bool(pack)
+        if pack:
+            stream = np.concatenate(parts) if parts else np.zeros((0,), np.int32)
+            if max_tokens is not None:
+                stream = stream[:max_tokens]
+            self.num_tokens = int(len(stream))
+            need = batch_size * seq_len
+            if self.num_tokens < need:
+                raise ValueError(f"corpus has {self.num_tokens} tokens, fewer than one batch of batch_size*seq_len = "
+                                 f"{need}; add text or lower batch_size/seq_len")
+            n_rows = self.num_tokens // seq_len
+            rows = stream[:n_rows * seq_len].reshape(n_rows, seq_len)
+        else:  # one document per row, right-padded: short documents keep the context they will be decoded in
+            pad = getattr(tokenizer, "pad_id", None)
+            if pad is None:
+                raise ValueError("TextCorpus(pack=False) pads rows with the tokenizer's pad_id, and this tokenizer "
+                                 "has none; use pack=True")
+            long = [i for i, ids in enumerate(parts) if len(ids) > seq_len]
+            if long:
+                raise ValueError(f"TextCorpus(pack=False): document {long[0]} has {len(parts[long[0]])} tokens, more "
+                                 f"than seq_len={seq_len} ({len(long)} such); raise seq_len or use pack=True")
+            if max_tokens is not None:
+                keep, total = [], 0
+                for ids in parts:
+                    if total + len(ids) > max_tokens:
+                        break
+                    keep.append(ids)
+                    total += len(ids)
+                parts = keep
+            rows = np.full((len(parts), seq_len), pad, np.int32)
+            for i, ids in enumerate(parts):
+                rows[i, :len(ids)] = ids
+            self.num_tokens = int(sum(len(ids) for ids in parts))
+            n_rows = len(rows)
         n_held = min(n_rows - 1, max(1, round(heldout_frac * n_rows))) if heldout_frac > 0 else 0
         self.train_rows, self.heldout_rows = rows[:n_rows - n_held], rows[n_rows - n_held:]
         if len(self.train_rows) < batch_size:
