@@ -448,6 +448,7 @@ def _unpack(raw, spec: StaticSpec, target: LanguageModel, compile_s: float, wall
             setattr(stats, name, value.tolist())
     if "num_resamples" in raw.get("stats", {}):
         stats.num_resamples = int(np.asarray(raw["stats"]["num_resamples"]).sum())
+        stats.num_particles = int(spec.num_particles)
     particles = log_weights = None
     if spec.return_particles and "particles" in raw:
         p_tok, p_len = np.asarray(raw["particles"]), np.asarray(raw["particle_lengths"])

@@ -39,7 +39,8 @@ class DecodeStats:
     compile_time_s: float = 0.0
     cache_len: int = 0
     target_calls_per_request: list | None = None  # live target calls of each request (speculative methods)
-    # SMC-SD only
+    # SMC-SD only (how to read them: docs/smc_proposals.md, "Reading an smc run")
+    num_particles: int | None = None  # N particles per request
     ess_per_cycle: list | None = None  # [num_cycles][batch]: ESS before the resampling test
     resampled_per_cycle: list | None = None  # [num_cycles][batch] bools
     num_resamples: int | None = None
@@ -55,11 +56,52 @@ class DecodeStats:
             parts.append(f"mean accept len {self.mean_acceptance_length:.2f}")
         if self.num_resamples is not None:
             parts.append(f"{self.num_resamples} resamples")
+        if self.ess_per_cycle and self.num_particles:
+            parts.append(f"ESS/N {self.mean_ess_fraction:.2f}")
+            parts.append(f"resample rate {self.resample_rate:.2f}")
         parts.append(f"compile {self.compile_time_s:.1f}s")
         return " | ".join(parts)
 
+    def _live_cycles(self):
+        """Per request, the cycles it was live in (its first target_calls_per_request[b] cycles)."""
+        ess = np.asarray(self.ess_per_cycle, np.float64)
+        calls = self.target_calls_per_request or [len(ess)] * (ess.shape[1] if ess.ndim == 2 else 0)
+        return ess, [int(c) for c in calls]
+
+    @property
+    def ess_fraction_per_request(self) -> list | None:
+        """smc: per request, the mean of ESS / N over the cycles it was live (1: the weights stayed even; near
+        1/N: one particle carried all the weight, cycle after cycle)."""
+        if not self.ess_per_cycle or not self.num_particles:
+            return None
+        ess, calls = self._live_cycles()
+        return [float(ess[:c, b].mean() / self.num_particles) if c else float("nan") for b, c in enumerate(calls)]
+
+    @property
+    def mean_ess_fraction(self) -> float:
+        """smc: mean ESS / N over every request's live cycles (nan for other methods)."""
+        if not self.ess_per_cycle or not self.num_particles:
+            return float("nan")
+        ess, calls = self._live_cycles()
+        vals = np.concatenate([ess[:c, b] for b, c in enumerate(calls)]) if calls else np.zeros(0)
+        return float(vals.mean() / self.num_particles) if len(vals) else float("nan")
+
+    @property
+    def resample_rate(self) -> float:
+        """smc: the fraction of live request-cycles that resampled (nan for other methods)."""
+        if not self.resampled_per_cycle:
+            return float("nan")
+        res = np.asarray(self.resampled_per_cycle, bool)
+        calls = self.target_calls_per_request or [len(res)] * res.shape[1]
+        vals = np.concatenate([res[:int(c), b] for b, c in enumerate(calls)]) if len(calls) else np.zeros(0)
+        return float(vals.mean()) if len(vals) else float("nan")
+
     def to_dict(self) -> dict:
-        return dataclasses.asdict(self)
+        d = dataclasses.asdict(self)
+        if self.ess_per_cycle is not None:
+            d.update(mean_ess_fraction=self.mean_ess_fraction, resample_rate=self.resample_rate,
+                     ess_fraction_per_request=self.ess_fraction_per_request)
+        return d
 
 
 @dataclasses.dataclass

@@ -100,3 +100,18 @@ def test_other_models_get_the_generic_defaults():
 def test_decode_names_an_unknown_keyword():
     with pytest.raises(TypeError, match=r"decode\(\) got unexpected keyword argument\(s\) num_particle;"):
         smcsd.decode([1, 2], num_particle=4)
+
+
+def test_smc_without_a_draft_takes_the_pairs_smc_proposal():
+    """`decode(method="smc")` with a pair's target and no draft= runs the pair's proposal trained for SMC
+    (tiny-arith ships one): the same tokens as passing it explicitly, not those of the pair's default drafter."""
+    target, _ = smcsd.load("tiny-arith")
+    assert "smc-proposal" in smcsd.available_drafters("tiny-arith")
+    proposal = smcsd.load("tiny-arith", drafter="smc-proposal")[1]
+    kw = dict(target=target, method="smc", num_particles=4, num_speculative_tokens=3, max_new_tokens=24,
+              temperature=1.0, seed=11)
+    prompt = "Q: Sam has 3 bags with 4 pens each. How many pens?\nA:"
+    auto = smcsd.decode(prompt, **kw)
+    assert auto.tokens == smcsd.decode(prompt, draft=proposal, **kw).tokens
+    other = smcsd.decode(prompt, draft=smcsd.load("tiny-arith", drafter="ar-distilled")[1], **kw)
+    assert auto.stats.log_z != other.stats.log_z  # a different proposal weighs differently

@@ -459,6 +459,25 @@ def test_tau_zero_never_tau_one_always():
         assert np.all((ess >= 1 - 1e-4) & (ess <= NA + 1e-4))
 
 
+def test_run_summary_stats_ess_fraction_and_resample_rate():
+    """mean ESS/N and the resampling rate are the per-cycle buffers averaged over each request's live cycles."""
+    for tau in (0.0, 0.5, 1.0):
+        st = _small(ess_threshold=tau).stats
+        ess, res = np.array(st.ess_per_cycle), np.array(st.resampled_per_cycle)
+        calls = st.target_calls_per_request
+        assert st.num_particles == NA and len(calls) == len(PROMPTS)
+        want = np.concatenate([ess[:c, b] for b, c in enumerate(calls)]).mean() / NA
+        assert abs(st.mean_ess_fraction - want) < 1e-9 and 1 / NA - 1e-6 <= st.mean_ess_fraction <= 1 + 1e-6
+        assert abs(st.resample_rate - np.concatenate([res[:c, b] for b, c in enumerate(calls)]).mean()) < 1e-12
+        d = st.to_dict()
+        assert d["mean_ess_fraction"] == st.mean_ess_fraction and len(d["ess_fraction_per_request"]) == len(PROMPTS)
+        assert "ESS/N" in st.summary()
+        if tau == 0.0:
+            assert st.resample_rate == 0.0
+    ar = smcsd.decode([1, 2, 3], target=_pair()[0], max_new_tokens=3).stats
+    assert math.isnan(ar.mean_ess_fraction) and math.isnan(ar.resample_rate) and "ESS/N" not in ar.summary()
+
+
 def test_argmax_select_and_particles():
     res = _small(ess_threshold=0.5)
     lw = np.asarray(res.log_weights)
