@@ -36,7 +36,7 @@ def evaluate(target, draft, problems, *, method="ar", batch_size=64, max_new_tok
     """Accuracy of `method` (target = the model sampled by `ar`) on `problems`."""
     from tqdm import tqdm
     correct, n_tokens, wall, compile_s, samples = 0, 0, 0.0, 0.0, []
-    stats_acc = []
+    stats_acc, smc_acc = [], []
     bar = tqdm(total=len(problems), desc=f"arith {method} T={temperature}", disable=not progress, file=sys.stdout)
     for i in range(0, len(problems), batch_size):
         chunk = list(problems[i:i + batch_size])
@@ -53,6 +53,8 @@ def evaluate(target, draft, problems, *, method="ar", batch_size=64, max_new_tok
             n_tokens += len(toks)
             if len(samples) < 5:
                 samples.append({"question": p.question, "output": text, "answer": p.answer, "parsed": got})
+        if res.stats.ess_per_cycle:  # smc: how even the weights stayed, how often it resampled
+            smc_acc.append((res.stats.mean_ess_fraction, res.stats.resample_rate))
         drafted = getattr(res.stats, "num_draft_tokens", 0) or 0
         if drafted:
             stats_acc.append((res.stats.num_accepted_tokens, drafted, res.stats.num_target_calls,
@@ -64,6 +66,9 @@ def evaluate(target, draft, problems, *, method="ar", batch_size=64, max_new_tok
     out = {"accuracy": correct / n, "correct": correct, "n": n, "generated_tokens": n_tokens,
            "wall_s": round(wall, 2), "compile_s": round(compile_s, 2),
            "tokens_per_s": round(n_tokens / max(wall - compile_s, 1e-9), 1), "samples": samples}
+    if smc_acc:
+        out["mean_ess_fraction"] = float(sum(e for e, _ in smc_acc) / len(smc_acc))
+        out["resample_rate"] = float(sum(r for _, r in smc_acc) / len(smc_acc))
     if stats_acc:
         accepted, drafted, calls, drafts = (sum(col) for col in zip(*stats_acc))
         out["acceptance_rate"] = accepted / drafted
