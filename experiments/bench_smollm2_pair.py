@@ -95,7 +95,8 @@ def main(argv=None):
     pair = args.pair
     names = args.drafters or [smcsd.available_drafters(pair)[0]]
     target = smcsd.load(pair, drafter="prompt-lookup")[0]
-    drafters = {name: smcsd.load(pair, drafter=name)[1] for name in names}
+    from_dirs = {spec.partition("=")[0] for spec in args.draft_dir}
+    drafters = {name: smcsd.load(pair, drafter=name)[1] for name in names if name not in from_dirs}
     for spec in args.draft_dir:
         name, _, path = spec.partition("=")
         from smcsd.drafters import EagleDrafter
