@@ -133,6 +133,10 @@ def projected(pair, target, draft, c, speed_row, prompt_len, out_len):
     tcfg = target.config
     block = draft.block_config.block_size if isinstance(draft, BlockDrafter) else None
     dcfg = draft.block_config.model if isinstance(draft, BlockDrafter) else getattr(draft, "config", None)
+    if dcfg is None and hasattr(draft, "eagle_config"):  # EAGLE: one decoder layer, its head over V′ tokens
+        import dataclasses
+        ec = draft.eagle_config
+        dcfg = dataclasses.replace(ec.model, vocab_size=ec.draft_vocab_size or ec.model.vocab_size)
     context = prompt_len + out_len // 2
     stats = {"acceptance_sd": 0.0, "resample_rate": speed_row.get("resample_rate") or 0.0}
     if c.method == "sd":
@@ -169,7 +173,7 @@ def main(argv=None):
     ap.add_argument("--pair", default="tiny-code")
     ap.add_argument("--drafters", nargs="+", default=None, help="default: the pair's model and block drafters")
     ap.add_argument("--sd-ks", type=int, nargs="+", default=[2, 3, 4, 6])
-    ap.add_argument("--smc", nargs="+", default=["1:3", "2:3", "2:4", "4:3", "4:4", "8:3"], help="N:K cells")
+    ap.add_argument("--smc", nargs="*", default=["1:3", "2:3", "2:4", "4:3", "4:4", "8:3"], help="N:K cells")
     ap.add_argument("--temperature", type=float, default=0.7)
     ap.add_argument("--prompts", type=int, default=4, help="prompts of the speed runs")
     ap.add_argument("--rounds", type=int, default=2)
@@ -239,7 +243,9 @@ def main(argv=None):
                 mine = [r for r in ok if r["candidate"]["method"] == m]
                 if mine:
                     methods[m] = max(mine, key=lambda r: r[key])["candidate"]
+            spec = [r[key] for r in ok if r["candidate"]["method"] != "ar"]
             backends[backend][name] = dict(default=best["candidate"], speedup_vs_ar=best[key], methods=methods,
+                                           speculative_speedup=max(spec) if spec else None,
                                            basis="measured on this machine" if backend == "cpu" else
                                            "cost model (H100 preset) with acceptance and quality measured here")
         drafters_out[name] = rows
@@ -260,8 +266,10 @@ def main(argv=None):
                     ar_quality_of[n] = old.get("ar_quality_of", {}).get(n, old["ar_quality"])
             commands = old.get("commands", [old.get("command")]) + commands
     # the pair's default drafter per backend: the one whose default setting is fastest (`smcsd.load(pair)` gives it)
-    default_drafter = {b: max(entries, key=lambda n: entries[n]["speedup_vs_ar"]) for b, entries in backends.items()
-                       if entries}
+    # (ties, e.g. every drafter's default is ar itself, go to the drafter whose best speculative setting is fastest)
+    default_drafter = {b: max(entries, key=lambda n: (entries[n]["speedup_vs_ar"],
+                                                      entries[n].get("speculative_speedup") or 0.0))
+                       for b, entries in backends.items() if entries}
     result = report.new_result(
         SCHEMA, pair=pair, command=cmd, commands=commands, machine=report.machine_info(),
         tolerance=dict(arith_points=args.arith_points, logp_nats_per_token=args.logp_tol),
