@@ -93,7 +93,11 @@ def main(argv=None):
     import smcsd
 
     pair = args.pair
-    names = args.drafters or [smcsd.available_drafters(pair)[0]]
+    from smcsd.defaults import default_drafter as stored_default_drafter
+    default_name = stored_default_drafter(pair)  # what smcsd.load(pair) gives: the stored default, else the best model drafter
+    if default_name not in smcsd.available_drafters(pair):
+        default_name = smcsd.available_drafters(pair)[0]
+    names = args.drafters or [default_name]
     target = smcsd.load(pair, drafter="prompt-lookup")[0]
     from_dirs = {spec.partition("=")[0] for spec in args.draft_dir}
     drafters = {name: smcsd.load(pair, drafter=name)[1] for name in names if name not in from_dirs}
@@ -119,14 +123,13 @@ def main(argv=None):
     prompts = prompts[:args.prompts]
     cells = [("ar", None, 0, 0)]
     if not args.no_default:
-        cells.append(("default", smcsd.available_drafters(pair)[0], 0, 0))
+        cells.append(("default", default_name, 0, 0))
     for name, d in drafters.items():
         limit = getattr(d, "max_tokens_per_proposal", None)
         fits = lambda k: limit is None or k <= limit  # noqa: E731
         cells += [("sd", name, 0, k) for k in args.sd_ks if fits(k)]
         cells += [("smc", name, n, k) for n, k in map(parse_cell, args.smc) if fits(k)]
 
-    default_name = smcsd.available_drafters(pair)[0]  # what smcsd.load(pair) gives
     default_drafter = drafters[default_name] if default_name in drafters else smcsd.load(pair)[1]
 
     def run(cell, batch, seed):
@@ -187,7 +190,7 @@ def main(argv=None):
         model=dict(name=pair, params=target.num_params, dtype=target.config.dtype),
         drafters={name: dict(kind=getattr(d, "kind", "ar"), params=getattr(d, "num_params", None))
                   for name, d in drafters.items()},
-        default=dict(drafter=smcsd.available_drafters(pair)[0],
+        default=dict(drafter=default_name,
                      choice=(stored or {}).get("backends", {}).get(backend()), source=stored and stored.get("command")),
         settings=dict(temperature=args.temperature, max_new_tokens=args.max_new_tokens, repeats=args.repeats,
                       prompts=len(prompts), batch_sizes=args.batch_sizes),
