@@ -46,6 +46,7 @@ def test_default_target_layers():
     assert default_target_layers(30, count=1) == (1,)
 
 
+@pytest.mark.slow  # default-run budget (CI's slow lane runs it)
 def test_cached_path_matches_reference():
     """init on ragged prompts, observe a verified block (its hidden states), then propose with a context shorter
     than what was written (rejected slots must be masked): logits equal the cache-free reference."""
@@ -100,7 +101,7 @@ PROMPT, LENGTH, K = (0, 1, 2, 0, 1), 3, 2
 
 @pytest.mark.parametrize("method,setting", [
     ("sd", dict(temperature=1.0)),
-    ("sd-multi", dict(temperature=0.7, top_k=3)),
+    pytest.param("sd-multi", dict(temperature=0.7, top_k=3), marks=pytest.mark.slow),  # default-run budget
 ])
 def test_block_drafter_is_exact(method, setting):
     """sd / sd-multi with a random block drafter on the toy target: outputs match the enumerated p_T."""
@@ -253,6 +254,7 @@ def test_training_learns_the_target(tmp_path, weighting):
     assert out.stats.num_draft_calls == out.stats.num_target_calls and len(out.tokens[0]) == 12
 
 
+@pytest.mark.slow  # default-run budget (CI's slow lane runs it)
 def test_training_resume_is_exact(tmp_path):
     """Stopped after 6 steps and resumed to 12: the same losses (anchors included) as 12 steps straight."""
     from smcsd.train import train_block_drafter

@@ -55,6 +55,7 @@ def test_generate_random_ar(capsys):
     assert len(out) > len(lines[-1])
 
 
+@pytest.mark.slow  # default-run budget (CI's slow lane runs it)
 def test_generate_random_smc_json(capsys):
     code, out, err = run(capsys, "generate", PROMPT, "--model", "random", "--method", "smc", "-N", "2", "-K", "2",
                          "--max-new-tokens", "8", "--json")
@@ -65,6 +66,7 @@ def test_generate_random_smc_json(capsys):
     assert res["stats"]["num_resamples"] is not None
 
 
+@pytest.mark.slow  # default-run budget (CI's slow lane runs it)
 def test_generate_random_sd_tree_json(capsys):
     code, out, err = run(capsys, "generate", PROMPT, "--model", "random", "--method", "sd-tree", "--tree",
                          "2,1:distinct", "--max-new-tokens", "8", "--json")

@@ -25,6 +25,7 @@ def code_target():
     return target
 
 
+@pytest.mark.slow  # default-run budget (CI's slow lane runs it)
 def test_greedy_generation_equals_ar(code_target):
     """Slots refilled mid-batch (7 requests, 3 slots, prefilled 2 at a time) give decode(method='ar')'s tokens."""
     tok = code_target.tokenizer
@@ -57,6 +58,7 @@ def _arrays(path):
     return out
 
 
+@pytest.mark.slow  # default-run budget (CI's slow lane runs it)
 def test_build_resumes_exactly_after_a_kill(code_target, tmp_path):
     full = build_corpus(code_target, str(tmp_path / "full"), TINY, requests=REQUESTS, progress=False, log=lambda m: None)
     part = str(tmp_path / "part")

@@ -102,6 +102,7 @@ def test_decode_names_an_unknown_keyword():
         smcsd.decode([1, 2], num_particle=4)
 
 
+@pytest.mark.slow  # default-run budget (CI's slow lane runs it)
 def test_smc_without_a_draft_takes_the_pairs_smc_proposal():
     """`decode(method="smc")` with a pair's target and no draft= runs the pair's proposal trained for SMC
     (tiny-arith ships one): the same tokens as passing it explicitly, not those of the pair's default drafter."""

@@ -201,7 +201,7 @@ def test_eagle_is_exact(method, setting, vocab):
     assert p > P_MIN, (method, p, total_variation(counts, probs))
 
 
-@pytest.mark.parametrize("tree,vocab", [("2,2:sample", True), pytest.param("3,1:distinct", False, marks=pytest.mark.slow),
+@pytest.mark.parametrize("tree,vocab", [pytest.param("2,2:sample", True, marks=pytest.mark.slow),  # budget pytest.param("3,1:distinct", False, marks=pytest.mark.slow),
                                         pytest.param("3,1:top", True, marks=pytest.mark.slow)])
 def test_eagle_tree_is_exact(tree, vocab):
     """sd-tree with an EAGLE drafter's product tree (each level one drafter call over its nodes, ancestor-masked),

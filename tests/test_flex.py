@@ -201,6 +201,7 @@ def test_budget_lengths_and_pack_index():
     assert pack_index(jnp.array([2, 0, 1]), 3, 5).tolist() == [0, 1, 6, 9, 9]
 
 
+@pytest.mark.slow  # default-run budget (CI's slow lane runs it)
 def test_packed_verify_matches_unpacked_and_ar():
     """Greedy flex with packed verify calls (budgets below, at and above one token per row) gives ar's tokens and
     verifies no more drafts than the budget allows."""

@@ -62,6 +62,7 @@ def _prepared(batch=5, **kw):
     return smcsd.decode, args, [[0, 1], [2], [3, 4, 5], [1], [0]][:batch]
 
 
+@pytest.mark.slow  # default-run budget (CI's slow lane runs it)
 def test_sequential_order_gives_identical_tokens_and_stats():
     """On one device both groups are that device; the runner in sequential order (each program waited for before the
     next is dispatched) must give the overlapped run's tokens and counters exactly (same programs, same keys)."""

@@ -25,7 +25,7 @@ def _prefilled(cfg, params, prompt, plen, width, per_layer):
     return forward_cached(cfg, params, prompt, cache, num_valid=plen)[1]
 
 
-@pytest.mark.parametrize("per_layer", [False, True])
+@pytest.mark.parametrize("per_layer", [pytest.param(False, marks=pytest.mark.slow), True])  # default-run budget
 def test_shared_prefix_forward_matches_copied_rows(per_layer):
     """Three calls with gathers among each request's rows (resampling) and a window copy (sd-multi's winner):
     the shared-prefix cache gives the logits of a cache that copies the prompt into every row."""
@@ -80,7 +80,8 @@ def _smc(target, draft, shared, **kw):
                             return_particles=True, eos_id=[], **kw)
 
 
-@pytest.mark.parametrize("kind", ["ar", pytest.param("block", marks=pytest.mark.slow)])  # default-run budget
+@pytest.mark.parametrize("kind", [pytest.param("ar", marks=pytest.mark.slow),
+                                  pytest.param("block", marks=pytest.mark.slow)])  # default-run budget
 def test_smc_particles_do_not_depend_on_prefix_sharing(kind):
     """Same seed, same particles and weights with the prompt shared or copied per particle (always-resample, so
     every cycle gathers rows), for an AR drafter and a block drafter (whose context cache shares the prompt too)."""

@@ -84,7 +84,7 @@ def test_tree_levels_in_several_calls():
         np.testing.assert_allclose(np.asarray(lg[0]), np.asarray(whole[0, sel]), rtol=2e-4, atol=2e-4)
 
 
-@pytest.mark.parametrize("unstacked", [False, True])
+@pytest.mark.parametrize("unstacked", [pytest.param(False, marks=pytest.mark.slow), True])  # default-run budget
 def test_compact_moves_the_path(unstacked):
     """After compaction the cache continues exactly like one that decoded the accepted path token by token."""
     model = init_model(tiny_config(vocab=11, hidden=32, layers=2, heads=4, kv_heads=2), 5, init_std=0.5)
@@ -174,7 +174,8 @@ def test_top_children_tested_against_soft_q_is_detected(monkeypatch):
     assert pvalue < P_BROKEN, f"top-k children with soft q passed: p={pvalue:.2e}, TV={tv:.4f}"
 
 
-@pytest.mark.parametrize("tree", ["2,2,1:sample", pytest.param("3,1,1:distinct", marks=pytest.mark.slow),
+@pytest.mark.parametrize("tree", [pytest.param("2,2,1:sample", marks=pytest.mark.slow),  # default-run budget
+                                  pytest.param("3,1,1:distinct", marks=pytest.mark.slow),
                                   pytest.param("2,2,1:top", marks=pytest.mark.slow)])
 def test_sd_tree_greedy_matches_ar(tree):
     target, draft = tiny_pair(V, SEED)
