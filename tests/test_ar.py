@@ -40,6 +40,7 @@ def test_greedy_matches_naive_loop_ragged(byte_model):
     assert res.stats.num_target_calls == 11  # the first token comes from the prefill
 
 
+@pytest.mark.slow  # default-run budget (CI's slow lane runs it)
 def test_input_forms_are_equivalent(byte_model):
     ids = byte_model.tokenizer.encode("abc")
     kw = dict(target=byte_model, max_new_tokens=4, temperature=0.0, eos_id=[])

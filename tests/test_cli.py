@@ -96,6 +96,7 @@ def test_generate_shipped_default_pair(capsys):
     assert out.startswith("def add(a, b):") and out.rstrip("\n").split("\n")[-1].startswith(f"{chosen} | ")
 
 
+@pytest.mark.slow  # default-run budget (CI's slow lane runs it)
 def test_bench_one_cell(capsys, tmp_path):
     bench = cli.load_experiment("bench_speed.py")
     out_json = tmp_path / "bench.json"
@@ -174,6 +175,7 @@ def test_eval_pair_dir(capsys, tmp_path):
     assert res["n"] == 10 and 0 <= res["accuracy"] <= 1 and res["settings"]["method"] == "ar"
 
 
+@pytest.mark.slow  # default-run budget (CI's slow lane runs it)
 def test_generate_local_checkpoints(capsys, tmp_path):
     """--target/--draft DIR load local checkpoints (here in the project's own layout)."""
     _write_pair(tmp_path / "pair")

@@ -43,6 +43,7 @@ def test_verified_positions_are_the_plain_models_whatever_the_masks():
     assert np.abs(outs[0] - outs[1]).max() > 1e-2  # the masks' states do depend on their content
 
 
+@pytest.mark.slow  # default-run budget (CI's slow lane runs it)
 def test_masks_see_their_anchor_and_group_only():
     """A group's states depend on the clean tokens up to its anchor, not on later ones, nor on other groups."""
     target = init_model(tiny_config(V, layers=2), 0, init_std=0.8)

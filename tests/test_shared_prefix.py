@@ -25,7 +25,8 @@ def _prefilled(cfg, params, prompt, plen, width, per_layer):
     return forward_cached(cfg, params, prompt, cache, num_valid=plen)[1]
 
 
-@pytest.mark.parametrize("per_layer", [pytest.param(False, marks=pytest.mark.slow), True])  # default-run budget
+@pytest.mark.parametrize("per_layer", [pytest.param(False, marks=pytest.mark.slow),
+                                       pytest.param(True, marks=pytest.mark.slow)])  # default-run budget
 def test_shared_prefix_forward_matches_copied_rows(per_layer):
     """Three calls with gathers among each request's rows (resampling) and a window copy (sd-multi's winner):
     the shared-prefix cache gives the logits of a cache that copies the prompt into every row."""

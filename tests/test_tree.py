@@ -84,7 +84,8 @@ def test_tree_levels_in_several_calls():
         np.testing.assert_allclose(np.asarray(lg[0]), np.asarray(whole[0, sel]), rtol=2e-4, atol=2e-4)
 
 
-@pytest.mark.parametrize("unstacked", [pytest.param(False, marks=pytest.mark.slow), True])  # default-run budget
+@pytest.mark.parametrize("unstacked", [pytest.param(False, marks=pytest.mark.slow),
+                                       pytest.param(True, marks=pytest.mark.slow)])  # default-run budget
 def test_compact_moves_the_path(unstacked):
     """After compaction the cache continues exactly like one that decoded the accepted path token by token."""
     model = init_model(tiny_config(vocab=11, hidden=32, layers=2, heads=4, kv_heads=2), 5, init_std=0.5)
@@ -261,6 +262,7 @@ def test_d2sd_refuses_product_trees(random_d2sd):
         smcsd.decode([0, 1], target=target, draft=random_d2sd, method="sd-tree", tree="2,1", max_new_tokens=4)
 
 
+@pytest.mark.slow  # default-run budget (CI's slow lane runs it)
 def test_default_tree_follows_the_drafter(random_d2sd):
     from smcsd.defaults import default_tree
     target, draft = tiny_pair(V, SEED)
