@@ -57,8 +57,9 @@ def main(argv=None):
     from smcsd.drafters import as_drafter
     other = {} if args.method is None else {"method": args.method}
     default_is_ar = args.method is None and choose(target, as_drafter(draft), None).method == "ar"
+    k_sd = choose(target, as_drafter(draft), "sd").num_speculative_tokens  # the pair's measured best K for sd
     if default_is_ar:  # ar vs ar says nothing: show the pair's exact speculative method next to it instead
-        other = {"method": "sd", "num_speculative_tokens": 4}
+        other = {"method": "sd", "num_speculative_tokens": k_sd}
     runs = {}
     for label, extra in (("ar", {"method": "ar"}), ("other", other)):
         for attempt in range(2):  # the second call reuses the compiled program: its speed is the steady state
@@ -66,7 +67,7 @@ def main(argv=None):
         runs[label] = res
     chosen = runs["other"].stats.method
     name = chosen + (" (decode's default)" if args.method is None and not default_is_ar else
-                     " K=4 with the pair's drafter" if default_is_ar else "")
+                     f" K={k_sd} with the pair's drafter" if default_is_ar else "")
     for i, p in enumerate(shown):
         print("=" * 72)
         print(f"prompt: {p}")

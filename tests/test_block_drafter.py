@@ -71,6 +71,7 @@ def test_cached_path_matches_reference():
     assert np.abs(longer - ref1).max() > 1e-2
 
 
+@pytest.mark.slow  # default-run budget (CI's slow lane runs it)
 def test_propose_samples_independent_positions_from_q():
     """20k rows from one context: each position's draws follow its reported q, and the pair (x_1, x_2) follows
     q_1 x q_2 (chi-square; the joint proposal factorises, which keeps per-position rejection exact). The state

@@ -85,6 +85,7 @@ def test_a_method_without_n_and_k_takes_the_pairs_best_for_it():
     assert "decode_defaults.json" in choice.source
 
 
+@pytest.mark.slow  # default-run budget (CI's slow lane runs it)
 def test_other_models_get_the_generic_defaults():
     target = init_model(tiny_config(6), 0, name="mine")
     draft = init_model(tiny_config(6, hidden=8, heads=1), 1, name="my-draft")

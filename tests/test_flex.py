@@ -137,6 +137,7 @@ def test_greedy_flex_equals_ar_with_one_call_per_cycle():
     assert res.stats.num_draft_calls == 0 and res.stats.num_target_calls < 14
 
 
+@pytest.mark.slow  # default-run budget (CI's slow lane runs it)
 def test_save_load_and_errors(tmp_path):
     target, _ = tiny_pair(V, SEED)
     d = flex_drafter(target)

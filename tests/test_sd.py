@@ -280,7 +280,7 @@ def test_multi_draft_accepts_more():
 
 # ----------------------------------------------------------------------------- EOS and lengths
 
-@pytest.mark.parametrize("method", ["sd", "sd-multi"])
+@pytest.mark.parametrize("method", ["sd", pytest.param("sd-multi", marks=pytest.mark.slow)])  # default-run budget
 def test_eos_and_max_new_tokens(method):
     target, draft = tiny_pair(V, SEED)
     stop = 1  # about 3/4 of the toy continuations of 16 tokens contain it: both endings occur

@@ -149,6 +149,7 @@ def test_sd_tree_exact(children, setting):
     assert pvalue > P_MIN, f"sd-tree {TREES[children]} {setting}: chi-square p={pvalue:.2e}, TV={tv:.4f}"
 
 
+@pytest.mark.slow  # default-run budget (CI's slow lane runs it)
 def test_sd_tree_broken_rule_is_detected(accept_always):
     pvalue, tv = _tree_exactness(TREES["sample"], "t1", seed=3000)
     assert pvalue < P_BROKEN, f"the broken rule passed: p={pvalue:.2e}, TV={tv:.4f}"
