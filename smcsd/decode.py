@@ -127,9 +127,9 @@ def _resolve_models(target, draft):
 SMC_PROPOSAL = "smc-proposal"  # the drafter name of a pair's proposal trained for SMC (experiments/train_smc_proposal.py)
 
 
-def _target_pair(target) -> str | None:
-    """The shipped or fetchable pair a target belongs to (None: the default tiny-code pair; a user's own model gives
-    a name that is no pair)."""
+def _target_pair(target) -> str:
+    """The name of the pair a target belongs to ("tiny-code", the default pair, for None); a user's own model gives
+    a name that is no pair."""
     return "tiny-code" if target is None else str(getattr(target, "name", "")).split("/")[0]
 
 

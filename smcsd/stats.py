@@ -62,11 +62,16 @@ class DecodeStats:
         parts.append(f"compile {self.compile_time_s:.1f}s")
         return " | ".join(parts)
 
-    def _live_cycles(self):
-        """Per request, the cycles it was live in (its first target_calls_per_request[b] cycles)."""
-        ess = np.asarray(self.ess_per_cycle, np.float64)
-        calls = self.target_calls_per_request or [len(ess)] * (ess.shape[1] if ess.ndim == 2 else 0)
-        return ess, [int(c) for c in calls]
+    def _per_request(self, values) -> list:
+        """Per request, `values` ([cycles][requests]) over the cycles it was live (its first
+        target_calls_per_request[b] cycles)."""
+        v = np.asarray(values, np.float64)
+        calls = self.target_calls_per_request or [len(v)] * (v.shape[1] if v.ndim == 2 else 0)
+        return [v[:int(c), b] for b, c in enumerate(calls)]
+
+    def _live_mean(self, values, scale: float = 1.0) -> float:
+        vals = np.concatenate(self._per_request(values) or [np.zeros(0)])
+        return float(vals.mean() / scale) if len(vals) else float("nan")
 
     @property
     def ess_fraction_per_request(self) -> list | None:
@@ -74,27 +79,20 @@ class DecodeStats:
         1/N: one particle carried all the weight, cycle after cycle)."""
         if not self.ess_per_cycle or not self.num_particles:
             return None
-        ess, calls = self._live_cycles()
-        return [float(ess[:c, b].mean() / self.num_particles) if c else float("nan") for b, c in enumerate(calls)]
+        return [float(v.mean() / self.num_particles) if len(v) else float("nan")
+                for v in self._per_request(self.ess_per_cycle)]
 
     @property
     def mean_ess_fraction(self) -> float:
         """smc: mean ESS / N over every request's live cycles (nan for other methods)."""
         if not self.ess_per_cycle or not self.num_particles:
             return float("nan")
-        ess, calls = self._live_cycles()
-        vals = np.concatenate([ess[:c, b] for b, c in enumerate(calls)]) if calls else np.zeros(0)
-        return float(vals.mean() / self.num_particles) if len(vals) else float("nan")
+        return self._live_mean(self.ess_per_cycle, self.num_particles)
 
     @property
     def resample_rate(self) -> float:
         """smc: the fraction of live request-cycles that resampled (nan for other methods)."""
-        if not self.resampled_per_cycle:
-            return float("nan")
-        res = np.asarray(self.resampled_per_cycle, bool)
-        calls = self.target_calls_per_request or [len(res)] * res.shape[1]
-        vals = np.concatenate([res[:int(c), b] for b, c in enumerate(calls)]) if len(calls) else np.zeros(0)
-        return float(vals.mean()) if len(vals) else float("nan")
+        return self._live_mean(self.resampled_per_cycle) if self.resampled_per_cycle else float("nan")
 
     def to_dict(self) -> dict:
         d = dataclasses.asdict(self)
