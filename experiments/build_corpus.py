@@ -40,7 +40,16 @@ def main(argv=None) -> None:
     ap.add_argument("--text-tokens", type=int, default=3_600_000, help="teacher-forced local text (0: none)")
     ap.add_argument("--log", default=None, help="also append progress lines to this file")
     ap.add_argument("--no-progress", action="store_true")
+    ap.add_argument("--mesh", default=None, metavar="DATAxMODEL",
+                    help="generate on a device mesh: batch slots over DATA (must divide --batch-size), the target's "
+                         "weights over MODEL, e.g. 8x1 or 4x2 ('auto': every device on data)")
+    ap.add_argument("--distributed", action="store_true",
+                    help="jax.distributed.initialize() first (a multi-host TPU slice / GPU cluster); every process "
+                         "runs the same command")
     args = ap.parse_args(argv)
+    if args.distributed:
+        import jax
+        jax.distributed.initialize()
 
     import smcsd
     from smcsd.train.corpus import BuildSettings, build_corpus, build_text_shards
@@ -53,6 +62,8 @@ def main(argv=None) -> None:
                 f.write(line + "\n")
 
     os.makedirs(args.out, exist_ok=True)
+    from smcsd.mesh import parse_mesh
+    mesh = parse_mesh(args.mesh)
     target, _ = smcsd.load(args.pair, dtype="float32")
     command = "python experiments/build_corpus.py " + " ".join(sys.argv[1:] if argv is None else argv)
     if args.text_tokens and not os.path.exists(os.path.join(args.out, "text.json")):
@@ -60,7 +71,8 @@ def main(argv=None) -> None:
     settings = BuildSettings(batch_size=args.batch_size, shard_jobs=args.shard_jobs, max_new_tokens=args.max_new_tokens)
     t0 = time.time()
     m = build_corpus(target, args.out, settings, exclude=BENCH_PROMPTS, max_shards=args.max_shards,
-                     max_answer_tokens=args.max_answer_tokens, progress=not args.no_progress, command=command, log=log)
+                     max_answer_tokens=args.max_answer_tokens, progress=not args.no_progress, command=command, log=log,
+                     mesh=mesh)
     log(f"done for now: {json.dumps(m['totals'])} (this run {time.time() - t0:.0f} s)")
 
 

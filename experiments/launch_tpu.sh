@@ -6,6 +6,8 @@
 #   experiments/launch_tpu.sh setup                  # copy this checkout to every worker, install
 #   experiments/launch_tpu.sh bench [bench flags]    # experiments/bench_speed.py on every worker
 #   experiments/launch_tpu.sh overhead [flags]       # experiments/mesh_overhead.py on every worker
+#   experiments/launch_tpu.sh train [flags]          # `smcsd train-drafter` on every worker (one global mesh)
+#   experiments/launch_tpu.sh corpus [flags]         # experiments/build_corpus.py on every worker (one global mesh)
 #   experiments/launch_tpu.sh fetch                  # copy worker 0's experiments/results back
 #   experiments/launch_tpu.sh delete
 #
@@ -79,6 +81,23 @@ case "$cmd" in
     if [[ -n "${MESH:-}" ]]; then mesh_flag=(--mesh "$MESH"); fi
     ssh_all "$(runner experiments/bench_speed.py "${mesh_flag[@]}" --no-progress "$@")"
     ;;
+  train|corpus)
+    # Drafter training / corpus generation on one global mesh. Every worker runs the same command; with several
+    # hosts it joins the others first (--distributed). MESH=DATAxMODEL (default: every chip on data); the
+    # batch size must be a multiple of DATA. --ckpt-dir (train) must be a directory every host sees (NFS / GCS FUSE).
+    #   MESH=8x4 experiments/launch_tpu.sh train --target ~/llama-8b --corpus ~/corpus --out ~/drafter \
+    #       --ckpt-dir /mnt/shared/ckpt --batch-size 32 --steps 20000
+    #   MESH=32x1 experiments/launch_tpu.sh corpus --pair <pair> --batch-size 256
+    dist_flag=()
+    if (( $(num_hosts) > 1 )); then dist_flag=(--distributed); fi
+    mesh_flag=(--mesh "${MESH:-auto}")
+    args_q=$(printf '%q ' "$@")   # the flags as typed, quoted for the remote shell
+    if [[ "$cmd" == train ]]; then
+      ssh_all "cd ~/$REMOTE_DIR && python3 -m smcsd train-drafter ${dist_flag[*]} ${mesh_flag[*]} --no-progress $args_q"
+    else
+      ssh_all "cd ~/$REMOTE_DIR && python3 experiments/build_corpus.py ${dist_flag[*]} ${mesh_flag[*]} --no-progress $args_q"
+    fi
+    ;;
   overhead)
     # experiments/mesh_overhead.py on the real chips: --host-devices 0 keeps the TPU platform.
     ssh_all "$(runner experiments/mesh_overhead.py --host-devices 0 "$@")"
@@ -92,6 +111,6 @@ case "$cmd" in
     gcloud compute tpus tpu-vm delete "$TPU_NAME" --zone="$ZONE" "${PROJECT_FLAG[@]}" --quiet
     ;;
   *)
-    sed -n '2,20p' "$0"
+    sed -n '2,22p' "$0"
     ;;
 esac

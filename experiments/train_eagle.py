@@ -10,7 +10,8 @@ Corpus:
 - smollm2-135m: the self-distillation corpus `--corpus` (default experiments/data/corpus/smollm2-135m, built by
   experiments/build_corpus.py; read as it stands, so a corpus still growing gives a new teacher-cache key): its
   training conversations (prompt + the target's own answer) and, unless --no-text, its local text documents, packed
-  into --seq-len rows; its held-out conversations (prompts no training row holds) are the held-out rows. The
+  into --seq-len rows; its held-out conversations (prompts no training row holds) are the held-out rows; with
+  --loss-on answers (default) only predicting the answers' tokens (and the local text) is supervised and measured. The
   teacher's top-k log-probs and the three feature layers' hidden states are cached as float16 under --cache-dir.
 - tiny-code: the interpreter's standard-library .py files (as train_block_drafter.py), the target run on the fly.
 Draft vocabulary (--draft-vocab V′, 0 = the full vocabulary): the V′ most frequent tokens of the corpus's answers
@@ -56,7 +57,7 @@ def corpus_and_counts(args, target):
     from smcsd.train.eagle import token_corpus
     sdc = SelfDistilledCorpus(args.corpus, tokenizer=target.tokenizer)
     corpus = token_corpus(sdc, seq_len=args.seq_len, batch_size=args.batch_size, include_text=not args.no_text,
-                          max_tokens=args.max_tokens)
+                          max_tokens=args.max_tokens, loss_on=args.loss_on)
     return corpus, sdc.answer_frequencies(V)
 
 
@@ -64,6 +65,9 @@ def main(argv=None):
     ap = train_cli.new_parser(__doc__, DEFAULTS)
     ap.add_argument("--corpus", default=DEFAULT_CORPUS, help="self-distillation corpus directory (smollm2-135m)")
     ap.add_argument("--no-text", action="store_true", help="train on the corpus's conversations only")
+    ap.add_argument("--loss-on", choices=["answers", "all"], default="answers",
+                    help="smollm2-135m: supervise (and measure held out) only the target's answer tokens (default, "
+                         "as EAGLE-3 trains on assistant turns), or every token of a conversation")
     ap.add_argument("--draft-vocab", type=int, default=None, help="V′ kept tokens of the head (0: full vocabulary)")
     train_cli.add_size_args(ap, ("ttt_steps", "seq_len", "batch_size", "steps", "topk"))
     ap.add_argument("--step-decay", type=float, default=0.8, help="weight of unrolled step k: decay^(k-1)")

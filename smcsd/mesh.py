@@ -29,7 +29,7 @@ from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec as P
 
 from smcsd.models.sharding import DATA, MODEL, axis_size, layout, param_specs, put
 
-__all__ = ["make_mesh", "check_mesh", "place_args", "compile_sharded", "record_cache_shardings"]
+__all__ = ["make_mesh", "check_mesh", "parse_mesh", "place_args", "compile_sharded", "record_cache_shardings"]
 
 
 def make_mesh(data: int | None = None, model: int | None = None, *, devices=None) -> Mesh:
@@ -59,6 +59,24 @@ def make_mesh(data: int | None = None, model: int | None = None, *, devices=None
                          f"model={model if n % model == 0 else n})")
     return jax.make_mesh((int(data), int(model)), (DATA, MODEL), axis_types=(AxisType.Auto, AxisType.Auto),
                          devices=devices)
+
+
+def parse_mesh(spec: str | None, *, arg: str = "--mesh") -> Mesh | None:
+    """A command line's mesh: "DATAxMODEL" (e.g. "4x2"), "DATA" (model 1) or "auto" (every device on "data");
+    None or "" or "none": no mesh. Errors name `arg`."""
+    if spec is None or str(spec).strip().lower() in ("", "none"):
+        return None
+    text = str(spec).strip().lower()
+    if text == "auto":
+        return make_mesh()
+    parts = text.split("x")
+    if len(parts) > 2 or not all(p.strip().isdigit() and int(p) >= 1 for p in parts):
+        raise ValueError(f"{arg} {spec!r}: expected DATAxMODEL with positive integers (e.g. 4x2), DATA, or 'auto'")
+    data, model = int(parts[0]), int(parts[1]) if len(parts) == 2 else 1
+    try:
+        return make_mesh(data, model)
+    except ValueError as e:
+        raise ValueError(f"{arg} {spec!r}: {str(e).removeprefix('make_mesh: ')}") from None
 
 
 def check_mesh(mesh) -> Mesh:

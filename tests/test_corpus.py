@@ -70,7 +70,8 @@ def test_build_resumes_exactly_after_a_kill(code_target, tmp_path):
     m["shards"] = m["shards"][:-1]
     with open(os.path.join(part, "manifest.json"), "w") as f:
         json.dump(m, f)
-    open(os.path.join(part, "shards", "chat-00002.npz.tmp.npz"), "wb").write(b"half-written")  # a killed write
+    for tmp in ("chat-00002.npz.0.tmp.npz", "chat-00002.npz.tmp.npz"):  # killed writes (this and older versions)
+        open(os.path.join(part, "shards", tmp), "wb").write(b"half-written")
     resumed = build_corpus(code_target, part, TINY, requests=REQUESTS, progress=False, log=lambda m: None)
     a, b = _arrays(str(tmp_path / "full")), _arrays(part)
     assert a.keys() == b.keys() and len(a) >= 5
@@ -89,6 +90,20 @@ def test_split_is_by_request_and_loader_checks_tokenizer(code_target, tmp_path):
     assert train and held and not train & held
     freq = c.answer_frequencies(code_target.config.vocab_size)
     assert freq.sum() == c.describe()["train_answer_tokens"]
+    # answer-only loss masks: True exactly on the answer tokens, aligned with the documents; the held-out rows of
+    # token_corpus(loss_on="answers") measure the held-out answers alone
+    docs, masks = c.documents("train", include_text=False, with_masks=True)
+    convs = c.conversations("train")
+    assert len(docs) == len(masks) == len(convs)
+    for doc, m, conv in zip(docs, masks, convs):
+        assert len(m) == len(doc) and m.sum() == len(conv["answer"]) and m[-len(conv["answer"]):].all()
+        np.testing.assert_array_equal(doc[m], conv["answer"])
+    from smcsd.train.eagle import token_corpus
+    tc = token_corpus(c, seq_len=16, batch_size=2, include_text=False, loss_on="answers")
+    held_answer = sum(len(x["answer"]) for x in c.conversations("heldout"))
+    assert 0 < tc.heldout_masks.sum() <= held_answer < tc.heldout_masks.size
+    with pytest.raises(ValueError, match="loss_on must be"):
+        token_corpus(c, seq_len=16, batch_size=2, loss_on="prompts")
     other = smcsd.load("tiny-arith")[0].tokenizer
     if other.encode("x = 1") == code_target.tokenizer.encode("x = 1"):  # both byte-level: fake another tokenizer
         class Other:

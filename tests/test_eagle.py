@@ -518,6 +518,50 @@ def test_training_unroll_matches_decoding_and_loss_masks():
             assert float(got[other]) > 1e-3, (k, aux)
 
 
+def test_loss_masks_supervise_only_the_masked_tokens():
+    """`TokenCorpus(masks=)` packs a per-token mask beside the tokens (an appended EOS is supervised), the teacher
+    stream's batches carry it as `loss_mask`, and the loss and held-out metrics count only positions predicting a
+    masked token: with a teacher equal to the drafter's own step-1 distribution except at two corrupted positions,
+    KL is 0 when those positions' tokens are masked out and > 0 when they are not."""
+    from smcsd.train import TeacherStream
+    from smcsd.train.eagle import TokenCorpus, eagle_loss as make_loss
+    docs = [[1, 2, 3, 4], [5, 1, 2], [3, 3, 3, 3, 3]]
+    masks = [[False, False, True, True], [False, True, True], [True] * 5]
+    c = TokenCorpus(docs, seq_len=4, batch_size=2, eos_id=0, masks=masks, heldout_documents=[[1, 2, 3]],
+                    heldout_masks=[[False, True, True]])
+    np.testing.assert_array_equal(c.train_rows.ravel(), [1, 2, 3, 4, 0, 5, 1, 2, 0, 3, 3, 3])
+    np.testing.assert_array_equal(c.train_masks.ravel(), [0, 0, 1, 1, 1, 0, 1, 1, 1, 1, 1, 1])
+    np.testing.assert_array_equal(c.heldout_masks.ravel(), [0, 1, 1, 1])
+    plain = TokenCorpus(docs, seq_len=4, batch_size=2, eos_id=0, heldout_documents=[[1, 2, 3]])
+    assert plain.train_masks is None and plain.fingerprint != c.fingerprint  # masks change what training sees
+    target = deep_target()
+    stream = TeacherStream(target, c, topk=4, layers=(0, 1, 2))
+    b = stream.batch(0)
+    np.testing.assert_array_equal(b["loss_mask"], c.train_masks[c.train_indices(0)])
+    assert "loss_mask" not in TeacherStream(target, plain, topk=4, layers=(0, 1, 2)).batch(0)
+    with pytest.raises(ValueError, match=r"masks\[1\] has 2 entries for a document of 3 tokens"):
+        TokenCorpus(docs, seq_len=4, batch_size=2, masks=[masks[0], [True, True], masks[2]])
+    with pytest.raises(ValueError, match="masks has 2 entries for 3 documents"):
+        TokenCorpus(docs, seq_len=4, batch_size=2, masks=masks[:2])
+    with pytest.raises(ValueError, match="both masks and heldout_masks"):
+        TokenCorpus(docs, seq_len=4, batch_size=2, masks=masks, heldout_documents=[[1, 2, 3]])
+
+    v = DraftVocab.from_ids(VOCAB, 6)
+    d = eagle(target, v)
+    tokens = jnp.asarray(np.random.default_rng(2).integers(0, 6, (2, 10)), jnp.int32)
+    hid = hidden_of(target, d, tokens)
+    logq = jax.nn.log_softmax(_unroll(d.eagle_config, d.params, d.shared["embed"], tokens, hid, 1), -1)
+    lp = jnp.full((2, 10, 4), -1.0).at[:, 1:].set(logq[0, :, :9])  # teacher at t = s: the drafter's step-1 row s
+    lp = lp.at[0, 4].set(lp[0, 4, ::-1]).at[1, 7].set(lp[1, 7, ::-1])  # corrupted at (0, 4) and (1, 7)
+    batch = {"tokens": tokens, "hidden": hid, "topk_ids": jnp.broadcast_to(jnp.asarray(v.draft_to_target), (2, 10, 4)),
+             "topk_logp": lp, "embed": d.shared["embed"], "t2d": jnp.asarray(v.target_to_draft)}
+    loss_fn = jax.jit(make_loss(d.eagle_config, 1, 1.0, 0.0, 1.0))
+    mask = np.ones((2, 10), bool)
+    assert float(loss_fn(d.params, {**batch, "loss_mask": jnp.asarray(mask)})[1]["kl1"]) > 1e-3
+    mask[0, 5] = mask[1, 8] = False  # the tokens the corrupted positions predict
+    assert float(loss_fn(d.params, {**batch, "loss_mask": jnp.asarray(mask)})[1]["kl1"]) < 1e-5
+
+
 @pytest.mark.slow  # default-run budget
 def test_unroll_on_a_subset_of_rows():
     """Steps 2..K unrolled on chosen rows only give those rows' outputs of the full unroll (a row's later steps see

@@ -352,6 +352,18 @@ def test_train_drafter_cli_end_to_end(target, draft, tmp_path, capsys):
         train_cli.run(train_cli.build_parser().parse_args(argv))
     with pytest.raises(ValueError, match="--target nope-model: no such file"):
         train_cli.run(train_cli.build_parser().parse_args(["--target", "nope-model"] + argv[2:]))
+    # --mesh: the finished run restored onto a (1x1) mesh and exported again (the mesh code path; 8-device and
+    # two-process meshes are tests/test_train_mesh.py's); bad specs name the flag
+    capsys.readouterr()
+    assert train_cli.run(train_cli.build_parser().parse_args(argv + ["--resume", "--mesh", "1x1"])) == 0
+    assert "30/30 steps" in capsys.readouterr().out
+    info = json.loads((tmp_path / "out" / "training.json").read_text())
+    assert [p["data"] for p in info["budget"]["placements"]] == [1], info["budget"]["placements"]
+    for spec, match in (("3x", r"--mesh '3x': expected DATAxMODEL"), ("2x1", r"--mesh '2x1': data \(2\) x model")):
+        with pytest.raises(ValueError, match=match):
+            train_cli.run(train_cli.build_parser().parse_args(argv + ["--mesh", spec]))
+    with pytest.raises(ValueError, match="--coordinator / --num-processes / --process-id need --distributed"):
+        train_cli.run(train_cli.build_parser().parse_args(argv + ["--process-id", "1"]))
 
 
 def test_draft_config_spec():

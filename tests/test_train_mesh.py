@@ -112,6 +112,13 @@ def test_mesh_runs_match_one_device(single):
 
 
 @pytest.mark.slow
+def test_corpus_generation_on_a_mesh_gives_the_one_device_tokens(single):
+    for shape in ("4x2", "8x1"):
+        g = single["generate"][shape]
+        assert g["tokens_equal"] and g["finished_equal"] and g["num_tokens"] > 12, (shape, g)
+
+
+@pytest.mark.slow
 def test_arrays_are_laid_out_on_the_mesh(single):
     lay = single["layout"]
     assert lay["local_rows"] == list(range(8))  # one process feeds every row
@@ -164,6 +171,8 @@ def test_clear_errors(single):
 def test_two_processes_train_like_one_process(multi, single):
     assert multi["processes"] == 2 and multi["devices"] == 8 and multi["local_devices"] == 4
     assert multi["decode"]["smc"]["tokens_equal"]  # one decode on the global 4x2 mesh = the unsharded decode
+    for shape, g in multi["generate"].items():  # the corpus builder's generation across the two processes
+        assert g["tokens_equal"] and g["finished_equal"], (shape, g)
     for run in ("ar_4x2", "block_8x1", "ar_resume_4x2_to_2x4"):
         assert multi[run]["steps"] == list(range(1, 21))
         assert all(p["processes"] == 2 for p in multi[run]["placements"])
@@ -215,6 +224,21 @@ def test_mesh_errors_name_the_argument(tiny_target):
     with pytest.raises(ValueError, match=r"data axis \(8\) must divide batch_size \(12\).*batch_size=16 or 8"):
         pl.check_rows(12)
     assert placement(None).local_rows(5).tolist() == list(range(5))
+
+
+def test_corpus_generation_on_a_one_device_mesh(tiny_target):
+    """generate(mesh=) on a 1x1 mesh (the mesh code path: stacked, placed weights, programs traced under the layout)
+    gives the plain path's tokens; a batch the data axis does not divide is refused naming batch_size."""
+    from smcsd.train.corpus import generate
+    reqs = [[3, 4, 5], [6], [7, 8]] * 2
+    kw = dict(keys=list(range(6)), temperatures=[0.0, 0.9] * 3, max_new_tokens=6, stop_ids=[TOK.eos_id],
+              batch_size=2, prefill_rows=1, chunk=3)
+    ref, ref_fin = generate(tiny_target, reqs, **kw)
+    got, fin = generate(tiny_target, reqs, mesh=jax.make_mesh((1, 1), ("data", "model")), **kw)
+    assert [a.tolist() for a in got] == [a.tolist() for a in ref] and fin == ref_fin
+    assert sum(len(a) for a in got) > len(reqs)
+    with pytest.raises(ValueError, match=r"mesh must have exactly the axes"):
+        generate(tiny_target, reqs, mesh=jax.make_mesh((1,), ("x",)), **kw)
 
 
 def _linear_loss(p, b):

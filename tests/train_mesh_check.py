@@ -227,6 +227,24 @@ def check_decode():
     return out
 
 
+def check_generate():
+    """The corpus builder's generation (`smcsd.train.corpus.generate`) on the global 4x2 and 8x1 meshes against one
+    device: 12 requests over 8 slots (refilled), half greedy, half sampled at T=0.8."""
+    from smcsd.train.corpus import generate
+    tgt = init_model(TARGET, 0, init_std=0.2, name="t")
+    reqs = [[3 + b, 17 * b % 200, 40 + b][: 1 + b % 3] for b in range(12)]
+    kw = dict(keys=list(range(12)), temperatures=[0.0, 0.8] * 6, max_new_tokens=10, stop_ids=[TOK.eos_id],
+              batch_size=8, prefill_rows=4, chunk=4)
+    ref, ref_fin = generate(tgt, reqs, **kw)
+    out = {}
+    for shape in ((4, 2), (8, 1)):
+        got, fin = generate(tgt, reqs, mesh=smcsd.make_mesh(*shape), **kw)
+        out[f"{shape[0]}x{shape[1]}"] = {"tokens_equal": [a.tolist() for a in got] == [a.tolist() for a in ref],
+                                         "finished_equal": fin == ref_fin,
+                                         "num_tokens": int(sum(len(a) for a in got))}
+    return out
+
+
 def check_recipes(t):
     """A few steps of every other recipe on a 4x2 mesh against one device."""
     from smcsd.drafters.flex import FlexDrafter
@@ -305,6 +323,7 @@ def main(argv=None):
         result["global_target"] = check_global_target(t)
     else:
         result["errors"] = check_errors(t, work)
+    result["generate"] = check_generate()
     result["layout"] = check_layout(t, work)
     result.update(check_runs(t, work, reference=not multi))
     if args.recipes == "all" and not multi:

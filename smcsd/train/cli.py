@@ -19,7 +19,7 @@ import shlex
 import sys
 import time
 
-__all__ = ["add_arguments", "add_parser", "build_parser", "load_target", "parse_draft_config", "run"]
+__all__ = ["add_arguments", "add_parser", "build_parser", "load_target", "mesh_of", "parse_draft_config", "run"]
 
 EXAMPLES = """examples:
   smcsd train-drafter --target tiny-code --corpus README.md docs/ --out drafter --steps 300
@@ -161,6 +161,18 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     t.add_argument("--eval-rows", type=_positive_int, default=64, help="held-out rows per evaluation (default 64)")
     t.add_argument("--stop-after", type=_positive_int, default=None, help=argparse.SUPPRESS)
     t.add_argument("--no-progress", action="store_true", help="no progress bar")
+    x = p.add_argument_group("devices")
+    x.add_argument("--mesh", default=None, metavar="DATAxMODEL",
+                   help="train on a device mesh: rows over DATA, the frozen target's weights over MODEL (e.g. 4x2, "
+                        "or 'auto' = every device on data); --batch-size must be a multiple of DATA (default: one "
+                        "device)")
+    x.add_argument("--distributed", action="store_true",
+                   help="join the other processes first (jax.distributed.initialize(): TPU pods, SLURM, "
+                        "Kubernetes find the coordinator themselves; else pass --coordinator, --num-processes, "
+                        "--process-id); every process runs the same command")
+    x.add_argument("--coordinator", default=None, metavar="HOST:PORT", help="with --distributed: process 0's address")
+    x.add_argument("--num-processes", type=_positive_int, default=None, help="with --distributed")
+    x.add_argument("--process-id", type=int, default=None, help="with --distributed")
     o = p.add_argument_group("output")
     o.add_argument("--out", required=True, metavar="DIR",
                    help="export directory: config.json, model.safetensors, training.json, curves.{json,png}")
@@ -190,6 +202,21 @@ def build_parser(prog: str = "train_drafter.py") -> argparse.ArgumentParser:
 
 # ----------------------------------------------------------------------------------------------- run
 
+def mesh_of(args):
+    """The mesh of `--mesh` (None without one), after joining the other processes when `--distributed`."""
+    if getattr(args, "distributed", False):
+        import jax
+        kw = {k: v for k, v in (("coordinator_address", args.coordinator), ("num_processes", args.num_processes),
+                                ("process_id", args.process_id)) if v is not None}
+        # CPU collectives across processes (no effect on accelerators; set before any backend starts)
+        jax.config.update("jax_cpu_collectives_implementation", "gloo")
+        jax.distributed.initialize(**kw)
+    elif any(getattr(args, k, None) is not None for k in ("coordinator", "num_processes", "process_id")):
+        raise ValueError("--coordinator / --num-processes / --process-id need --distributed")
+    from smcsd.mesh import parse_mesh
+    return parse_mesh(getattr(args, "mesh", None))
+
+
 def run(args) -> int:
     """Load the target, build the corpus and the drafter, distil, export to --out; prints a summary."""
     from smcsd.models.shipped import load_model_dir
@@ -202,6 +229,10 @@ def run(args) -> int:
         raise ValueError(f"--topk must be >= 0 (0: full distribution), got {args.topk}")
     if args.kl_weight == 0 and args.ce_weight == 0:
         raise ValueError("--kl-weight and --ce-weight are both 0: nothing to train")
+    mesh = mesh_of(args)
+    if mesh is not None:
+        from .loop import placement
+        placement(mesh).check_rows(args.batch_size, "--batch-size")
     target = load_target(args.target, args.target_dtype)
     if target.tokenizer is None:
         raise ValueError(f"--target {args.target}: the model has no tokenizer to read the corpus with "
@@ -231,7 +262,7 @@ def run(args) -> int:
                                  overwrite=args.overwrite, out=out, export_dtype=args.export_dtype,
                                  eval_every=args.eval_every, ckpt_every=args.ckpt_every, eval_rows=args.eval_rows,
                                  progress=not args.no_progress, stop_after=args.stop_after,
-                                 curves_path=os.path.join(out, "curves"), command=command)
+                                 curves_path=os.path.join(out, "curves"), command=command, mesh=mesh)
     except FileExistsError:  # a ValueError, which the smcsd entry point prints as one line
         raise ValueError(f"checkpoints exist in {ckpt_dir}: pass --resume to continue that run or --overwrite to "
                          "discard them and restart (or choose another --ckpt-dir)") from None

@@ -85,6 +85,8 @@ class TextCorpus:
     seen in the context they are decoded in (a chat turn, an arithmetic problem) rather than after other documents.
     """
 
+    train_masks = heldout_masks = None  # per-token loss masks: TokenCorpus(masks=) only
+
     def __init__(self, texts: Sequence[str] = (), *, tokenizer, seq_len: int, batch_size: int,
                  files: Sequence[str] = (), seed: int = 0, heldout_frac: float = 0.05,
                  extensions: Sequence[str] = DEFAULT_EXTENSIONS, max_tokens: int | None = None, pack: bool = True):
@@ -157,6 +159,9 @@ class TextCorpus:
         h.update(json.dumps([self.seq_len, len(self.train_rows), len(self.heldout_rows)]).encode())
         h.update(np.ascontiguousarray(self.train_rows).tobytes())
         h.update(np.ascontiguousarray(self.heldout_rows).tobytes())
+        for m in (self.train_masks, self.heldout_masks):  # a TokenCorpus's loss masks (unchanged hash without)
+            if m is not None:
+                h.update(np.packbits(np.asarray(m, bool)).tobytes())
         return h.hexdigest()
 
     def train_indices(self, step: int) -> np.ndarray:
@@ -401,6 +406,9 @@ class TeacherStream:
         rows = self.corpus.train_rows if split == "train" else self.corpus.heldout_rows
         indices = np.asarray(indices, np.int64)
         out = {"tokens": rows[indices].astype(np.int32)}
+        masks = getattr(self.corpus, "train_masks" if split == "train" else "heldout_masks", None)
+        if masks is not None:  # which predicted tokens are supervised (`TokenCorpus(masks=)`)
+            out["loss_mask"] = np.asarray(masks[indices], bool)
         if self.cache_dir is None:
             out.update(self.compute(out["tokens"]))
             return out

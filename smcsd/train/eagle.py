@@ -49,11 +49,17 @@ class TokenCorpus(TextCorpus):
     """Token documents packed into `seq_len` rows (`TextCorpus`'s batches, epochs and fingerprint, without a
     tokenizer): `documents` (sequences of ids) are concatenated into the training rows; `heldout_documents` (if given)
     into the held-out rows, else the last `heldout_frac` of the rows are held out. `eos_id` is appended to a document
-    that does not end with it (None: documents are taken as they are)."""
+    that does not end with it (None: documents are taken as they are).
+
+    masks / heldout_masks: per document, one bool per token: whether predicting that token is supervised (and, held
+    out, measured), e.g. a conversation's answer tokens only (`token_corpus(..., loss_on="answers")`), as EAGLE-3
+    and SpecForge train on assistant turns. Packed alongside the tokens into `train_masks` / `heldout_masks`
+    (`[rows, seq_len]`; None without masks); a `TeacherStream` batch then carries them as `loss_mask`."""
 
     def __init__(self, documents: Sequence[Sequence[int]], *, seq_len: int, batch_size: int,
                  heldout_documents: Sequence[Sequence[int]] | None = None, seed: int = 0, heldout_frac: float = 0.05,
-                 eos_id: int | None = None, max_tokens: int | None = None):
+                 eos_id: int | None = None, max_tokens: int | None = None,
+                 masks: Sequence[Sequence[bool]] | None = None, heldout_masks: Sequence[Sequence[bool]] | None = None):
         for name, v in (("seq_len", seq_len), ("batch_size", batch_size)):
             if not isinstance(v, int) or v < 1:
                 raise ValueError(f"{name} must be a positive int, got {v!r}")
@@ -66,30 +72,55 @@ class TokenCorpus(TextCorpus):
             raise ValueError("documents is empty: pass at least one token document")
         self.seq_len, self.batch_size, self.seed, self.heldout_frac = seq_len, batch_size, seed, heldout_frac
 
-        def pack(docs):
-            parts = []
-            for d in docs:
+        if heldout_masks is not None and heldout_documents is None:
+            raise ValueError("heldout_masks needs heldout_documents (without them the held-out rows are cut from the "
+                             "training documents, whose masks are `masks`)")
+        if (masks is None) != (heldout_masks is None) and heldout_documents is not None:
+            raise ValueError("pass both masks and heldout_masks, or neither (held-out metrics must be measured on "
+                             "the positions training supervises)")
+
+        def pack(docs, mks, arg):
+            if mks is not None:
+                mks = list(mks)
+                if len(mks) != len(docs):
+                    raise ValueError(f"{arg} has {len(mks)} entries for {len(docs)} documents: one mask per document")
+            parts, mparts = [], []
+            for i, d in enumerate(docs):
                 ids = np.asarray(d, np.int32).reshape(-1)
+                m = None if mks is None else np.asarray(mks[i], bool).reshape(-1)
+                if m is not None and len(m) != len(ids):
+                    raise ValueError(f"{arg}[{i}] has {len(m)} entries for a document of {len(ids)} tokens: one "
+                                     "bool per token")
                 if eos_id is not None and (len(ids) == 0 or ids[-1] != eos_id):
                     ids = np.append(ids, np.int32(eos_id))
+                    m = None if m is None else np.append(m, True)
                 parts.append(ids)
+                mparts.append(m)
             stream = np.concatenate(parts) if parts else np.zeros((0,), np.int32)
-            return stream
+            mstream = None if mks is None else (np.concatenate(mparts) if mparts else np.zeros((0,), bool))
+            return stream, mstream
 
-        stream = pack(documents)
+        def rows_of(x, n):
+            return None if x is None else x[:n * seq_len].reshape(n, seq_len)
+
+        stream, mstream = pack(documents, masks, "masks")
         if max_tokens is not None:
             stream = stream[:max_tokens]
+            mstream = None if mstream is None else mstream[:max_tokens]
         self.num_documents = len(documents) + (len(heldout_documents) if heldout_documents is not None else 0)
         n_rows = len(stream) // seq_len
-        rows = stream[:n_rows * seq_len].reshape(n_rows, seq_len)
+        rows, mrows = rows_of(stream, n_rows), rows_of(mstream, n_rows)
         if heldout_documents is not None:
-            held = pack(heldout_documents)
+            held, mheld = pack(heldout_documents, heldout_masks, "heldout_masks")
             n_held = len(held) // seq_len
-            self.train_rows, self.heldout_rows = rows, held[:n_held * seq_len].reshape(n_held, seq_len)
+            self.train_rows, self.heldout_rows = rows, rows_of(held, n_held)
+            self.train_masks, self.heldout_masks = mrows, rows_of(mheld, n_held)
             self.num_tokens = int(len(stream) + len(held))
         else:
             n_held = min(n_rows - 1, max(1, round(heldout_frac * n_rows))) if heldout_frac > 0 and n_rows > 1 else 0
             self.train_rows, self.heldout_rows = rows[:n_rows - n_held], rows[n_rows - n_held:]
+            if mrows is not None:
+                self.train_masks, self.heldout_masks = mrows[:n_rows - n_held], mrows[n_rows - n_held:]
             self.num_tokens = int(len(stream))
         if len(self.train_rows) < batch_size:
             raise ValueError(f"the documents give {len(self.train_rows)} training rows of seq_len {seq_len}, fewer than "
@@ -98,13 +129,24 @@ class TokenCorpus(TextCorpus):
 
 
 def token_corpus(corpus, *, seq_len: int, batch_size: int, seed: int = 0, include_text: bool = True,
-                 max_tokens: int | None = None) -> TokenCorpus:
+                 max_tokens: int | None = None, loss_on: str = "all") -> TokenCorpus:
     """A `TokenCorpus` of a `smcsd.train.corpus.SelfDistilledCorpus`: its training conversations (prompt + the
     target's answer; with `include_text` also its local text documents) as training rows and its held-out
-    conversations (prompts no training row holds) as held-out rows."""
-    return TokenCorpus(corpus.documents("train", include_text=include_text), seq_len=seq_len, batch_size=batch_size,
-                       heldout_documents=corpus.documents("heldout", include_text=False), seed=seed,
-                       max_tokens=max_tokens)
+    conversations (prompts no training row holds) as held-out rows.
+
+    loss_on: "all" (every token is supervised) or "answers": only predicting the target's own answer tokens (and
+    the local text, teacher-forced everywhere) is supervised, and held-out metrics are measured on the held-out
+    answers alone, which is what a drafter drafts when decoding (a chat prompt's user turn is never drafted)."""
+    if loss_on not in ("all", "answers"):
+        raise ValueError(f"loss_on must be 'all' or 'answers', got {loss_on!r}")
+    if loss_on == "all":
+        return TokenCorpus(corpus.documents("train", include_text=include_text), seq_len=seq_len,
+                           batch_size=batch_size, heldout_documents=corpus.documents("heldout", include_text=False),
+                           seed=seed, max_tokens=max_tokens)
+    docs, masks = corpus.documents("train", include_text=include_text, with_masks=True)
+    held, held_masks = corpus.documents("heldout", include_text=False, with_masks=True)
+    return TokenCorpus(docs, seq_len=seq_len, batch_size=batch_size, heldout_documents=held, seed=seed,
+                       max_tokens=max_tokens, masks=masks, heldout_masks=held_masks)
 
 
 # ----------------------------------------------------------------------------------------------- loss
@@ -123,13 +165,18 @@ def sample_rows(seed: int, step: int, batch: int, seq_len: int, num_rows: int, s
 
 def _targets_at(batch, rows, k: int):
     """The teacher's top-k at the position row s predicts at step k (0-based; teacher at s + k), the gold token
-    (s + k + 1) and whether it is inside the sequence, for `rows [B, N]`: `[B, N, ...]`."""
+    (s + k + 1) and whether it is inside the sequence and supervised (`loss_mask`, when the batch has one), for
+    `rows [B, N]`: `[B, N, ...]`."""
     T = batch["tokens"].shape[1]
     t = jnp.minimum(rows + k, T - 1)
-    gold = jnp.take_along_axis(batch["tokens"], jnp.minimum(rows + k + 1, T - 1), axis=1)
+    g = jnp.minimum(rows + k + 1, T - 1)
+    gold = jnp.take_along_axis(batch["tokens"], g, axis=1)
     ids = jnp.take_along_axis(batch["topk_ids"], t[:, :, None], axis=1)
     lp = jnp.take_along_axis(batch["topk_logp"], t[:, :, None], axis=1)
-    return ids, lp, gold, rows + k + 1 <= T - 1
+    valid = rows + k + 1 <= T - 1
+    if "loss_mask" in batch:  # only positions predicting a supervised token (e.g. the target's answers)
+        valid = valid & jnp.take_along_axis(batch["loss_mask"], g, axis=1)
+    return ids, lp, gold, valid
 
 
 def _step_terms(logits, ids, lp, gold, t2d):
@@ -223,7 +270,8 @@ def _eval_program(config: EagleConfig, steps: int):
             alphas.append(acc)
             agrees.append(agree.astype(jnp.float32))
             valids.append(m)
-        full = valids[-1]  # rows with every step inside the sequence
+        # rows with every step inside the sequence whose first drafted token is supervised (an answer token)
+        full = (every + steps <= batch["tokens"].shape[1] - 1).astype(jnp.float32) * valids[0]
         acc_len = (jnp.cumprod(jnp.stack(alphas), axis=0).sum(0) * full).sum()
         greedy_len = (jnp.cumprod(jnp.stack(agrees), axis=0).sum(0) * full).sum()
         return tuple(jnp.stack(x) for x in out) + (acc_len, greedy_len, full.sum())
