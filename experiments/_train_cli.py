@@ -60,16 +60,32 @@ def add_run_flags(ap) -> None:
     ap.add_argument("--no-progress", action="store_true")
 
 
+def add_device_args(ap) -> None:
+    """--mesh DATAxMODEL, --distributed (+ --coordinator / --num-processes / --process-id): `start_devices` reads
+    them (the flags of `smcsd train-drafter`)."""
+    from smcsd.train.cli import add_device_arguments
+    add_device_arguments(ap)
+
+
+def start_devices(args):
+    """Join the other processes (--distributed) and build the --mesh (None: one device), before anything touches
+    JAX; `loop_kwargs` passes the mesh to the recipe. Returns it."""
+    from smcsd.train.cli import mesh_of
+    args.device_mesh = mesh_of(args)
+    return args.device_mesh
+
+
 def add_training_args(ap, export_help: str, eval_every: int = 100, eval_rows: int = 32, ckpt_every: int = 50,
                       cache_dir: bool = True, ckpt_dir: bool = False) -> None:
     """The usual tail of a training script's flags: --export-dtype, `add_schedule_args`, (with `ckpt_dir`)
-    --ckpt-dir, `add_output_args`, `add_run_flags`."""
+    --ckpt-dir, `add_output_args`, `add_run_flags`, `add_device_args`."""
     ap.add_argument("--export-dtype", choices=EXPORT_DTYPES, default=None)
     add_schedule_args(ap, eval_every, eval_rows, ckpt_every, cache_dir)
     if ckpt_dir:
         ap.add_argument("--ckpt-dir", default=None)
     add_output_args(ap, export_help)
     add_run_flags(ap)
+    add_device_args(ap)
 
 
 def fill_defaults(args, defaults: dict):
@@ -106,8 +122,11 @@ def output_dir(args, name: str) -> str | None:
 
 def loop_kwargs(args, tag: str, out: str | None, command: str, ckpt_dir: str | None = None) -> dict:
     """The keyword arguments every `smcsd.train` call here takes from the shared flags: checkpoints under
-    checkpoints/<tag>/ (unless `ckpt_dir`), curves under experiments/results/train/<tag>, export to `out`."""
-    return dict(ckpt_dir=ckpt_dir or os.path.join(REPO, "checkpoints", tag), resume=args.resume,
+    checkpoints/<tag>/ (unless `ckpt_dir`), curves under experiments/results/train/<tag>, export to `out`, and the
+    device mesh of `start_devices`."""
+    if getattr(args, "mesh", None) is not None and not hasattr(args, "device_mesh"):
+        raise RuntimeError("this script reads --mesh but never called train_cli.start_devices(args)")
+    return dict(mesh=getattr(args, "device_mesh", None), ckpt_dir=ckpt_dir or os.path.join(REPO, "checkpoints", tag), resume=args.resume,
                 overwrite=args.overwrite, out=out, export_dtype=args.export_dtype, eval_every=args.eval_every,
                 ckpt_every=args.ckpt_every, eval_rows=args.eval_rows, progress=not args.no_progress,
                 stop_after=args.stop_after, curves_path=os.path.join(REPO, "experiments", "results", "train", tag),

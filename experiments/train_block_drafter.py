@@ -88,8 +88,10 @@ def main(argv=None):
                     help="train D²SD's variable-prefix drafter (warm-started from the pair's dflash-dpace drafter)")
     ap.add_argument("--prefix-decay", type=float, default=0.9, help="Pr(p) ∝ decay^p with --variable-prefix")
     train_cli.add_run_flags(ap)
+    train_cli.add_device_args(ap)
     args = ap.parse_args(argv)
     train_cli.fill_defaults(args, DEFAULTS[args.pair])  # this script does not require --out or --export
+    train_cli.start_devices(args)  # --distributed / --mesh, before the target loads
 
     from smcsd.drafters import BlockDrafter
     from smcsd.train import train_block_drafter

@@ -87,6 +87,7 @@ def main(argv=None):
                                 "drafters/eagle)", ckpt_dir=True)
     args = ap.parse_args(argv)
     train_cli.fill_defaults(args, DEFAULTS[args.pair])
+    train_cli.start_devices(args)  # --distributed / --mesh, before the target loads
 
     from smcsd.drafters import DraftVocab, EagleDrafter, stop_ids_of
     from smcsd.train.eagle import train_eagle

@@ -37,6 +37,7 @@ def main(argv=None):
     train_cli.add_training_args(ap, export_help="ship as the pair's `flex` drafter")
     args = ap.parse_args(argv)
     train_cli.fill_defaults(args, DEFAULTS[args.pair])
+    train_cli.start_devices(args)  # --distributed / --mesh, before the target loads
     train_cli.require_out_or_export(ap, args, "the adapters as the pair's `flex` drafter")
 
     from smcsd.drafters import FlexDrafter

@@ -44,6 +44,7 @@ def main(argv=None):
                                 ckpt_every=100, cache_dir=False)
     args = ap.parse_args(argv)
     train_cli.fill_defaults(args, DEFAULTS[args.pair])
+    train_cli.start_devices(args)  # --distributed / --mesh, before the target loads
     train_cli.require_out_or_export(ap, args, "the head as the pair's `dels` drafter")
 
     import smcsd

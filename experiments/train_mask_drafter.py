@@ -52,6 +52,7 @@ def main(argv=None):
     train_cli.add_training_args(ap, export_help="export into the pair's shipped drafters as pard2", ckpt_dir=True)
     args = ap.parse_args(argv)
     train_cli.fill_defaults(args, DEFAULTS[args.pair])  # this script does not require --out or --export
+    train_cli.start_devices(args)  # --distributed / --mesh, before the target loads
 
     from smcsd.drafters import MaskDrafter
     from smcsd.train.mask import train_mask_drafter

@@ -41,6 +41,7 @@ def main(argv=None):
     train_cli.add_training_args(ap, export_help="export into the pair's shipped drafters as `specblock`")
     args = ap.parse_args(argv)
     train_cli.fill_defaults(args, DEFAULTS[args.pair])
+    train_cli.start_devices(args)  # --distributed / --mesh, before the target loads
     train_cli.require_out_or_export(ap, args, "the drafter as the pair's `specblock`")
 
     from smcsd.drafters import SpecBlockDrafter

@@ -297,3 +297,22 @@ def test_one_device_mesh_trains_like_no_mesh_and_resumes_across(tiny_target, tmp
     distill_ar_drafter(tiny_target, DRAFT, _corpus(), ckpt_dir=ck, stop_after=2, **kw)
     resumed = distill_ar_drafter(tiny_target, DRAFT, _corpus(), ckpt_dir=ck, resume=True, mesh=mesh, **kw)
     assert rel(losses(resumed), losses(plain)) <= 1e-6 and resumed.history["placements"][0]["from_step"] == 2
+
+
+@pytest.mark.slow  # a script smoke run (subprocess, compiles an EAGLE step)
+def test_experiment_training_scripts_take_a_mesh(tmp_path):
+    """The experiments' training scripts share `smcsd train-drafter`'s device flags: `--mesh 1x1` trains and records
+    the placement (what `--mesh 4x2 --distributed` does on a slice), and a bad spec is a clear error."""
+    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    base = [sys.executable, os.path.join(repo, "experiments", "train_eagle.py"), "--pair", "tiny-code", "--steps", "2",
+            "--batch-size", "2", "--seq-len", "32", "--ttt-steps", "2", "--max-tokens", "20000", "--eval-every", "2",
+            "--eval-rows", "2", "--no-progress", "--ckpt-dir", str(tmp_path / "ck"), "--out", str(tmp_path / "out")]
+    env = {**os.environ, "JAX_PLATFORMS": "cpu"}
+    r = subprocess.run(base + ["--mesh", "1x1"], capture_output=True, text=True, env=env, cwd=repo, timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    with open(tmp_path / "out" / "training.json") as f:
+        info = json.load(f)
+    assert info["budget"]["placements"][0]["data"] == 1, info["budget"]
+    bad = subprocess.run(base + ["--mesh", "4y2", "--overwrite"], capture_output=True, text=True, env=env, cwd=repo,
+                         timeout=600)
+    assert bad.returncode != 0 and "--mesh '4y2': expected DATAxMODEL" in bad.stderr, bad.stderr[-2000:]

@@ -19,7 +19,7 @@ import shlex
 import sys
 import time
 
-__all__ = ["add_arguments", "add_parser", "build_parser", "load_target", "mesh_of", "parse_draft_config", "run"]
+__all__ = ["add_arguments", "add_device_arguments", "add_parser", "build_parser", "load_target", "mesh_of", "parse_draft_config", "run"]
 
 EXAMPLES = """examples:
   smcsd train-drafter --target tiny-code --corpus README.md docs/ --out drafter --steps 300
@@ -161,18 +161,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     t.add_argument("--eval-rows", type=_positive_int, default=64, help="held-out rows per evaluation (default 64)")
     t.add_argument("--stop-after", type=_positive_int, default=None, help=argparse.SUPPRESS)
     t.add_argument("--no-progress", action="store_true", help="no progress bar")
-    x = p.add_argument_group("devices")
-    x.add_argument("--mesh", default=None, metavar="DATAxMODEL",
-                   help="train on a device mesh: rows over DATA, the frozen target's weights over MODEL (e.g. 4x2, "
-                        "or 'auto' = every device on data); --batch-size must be a multiple of DATA (default: one "
-                        "device)")
-    x.add_argument("--distributed", action="store_true",
-                   help="join the other processes first (jax.distributed.initialize(): TPU pods, SLURM, "
-                        "Kubernetes find the coordinator themselves; else pass --coordinator, --num-processes, "
-                        "--process-id); every process runs the same command")
-    x.add_argument("--coordinator", default=None, metavar="HOST:PORT", help="with --distributed: process 0's address")
-    x.add_argument("--num-processes", type=_positive_int, default=None, help="with --distributed")
-    x.add_argument("--process-id", type=int, default=None, help="with --distributed")
+    add_device_arguments(p)
     o = p.add_argument_group("output")
     o.add_argument("--out", required=True, metavar="DIR",
                    help="export directory: config.json, model.safetensors, training.json, curves.{json,png}")
@@ -201,6 +190,23 @@ def build_parser(prog: str = "train_drafter.py") -> argparse.ArgumentParser:
 
 
 # ----------------------------------------------------------------------------------------------- run
+
+def add_device_arguments(p: argparse.ArgumentParser) -> None:
+    """The "devices" flags (--mesh, --distributed, --coordinator, --num-processes, --process-id) that `mesh_of`
+    reads; shared by `smcsd train-drafter` and the experiments' training scripts."""
+    x = p.add_argument_group("devices")
+    x.add_argument("--mesh", default=None, metavar="DATAxMODEL",
+                   help="train on a device mesh: rows over DATA, the frozen target's weights over MODEL (e.g. 4x2, "
+                        "or 'auto' = every device on data); --batch-size must be a multiple of DATA (default: one "
+                        "device)")
+    x.add_argument("--distributed", action="store_true",
+                   help="join the other processes first (jax.distributed.initialize(): TPU pods, SLURM, "
+                        "Kubernetes find the coordinator themselves; else pass --coordinator, --num-processes, "
+                        "--process-id); every process runs the same command")
+    x.add_argument("--coordinator", default=None, metavar="HOST:PORT", help="with --distributed: process 0's address")
+    x.add_argument("--num-processes", type=_positive_int, default=None, help="with --distributed")
+    x.add_argument("--process-id", type=int, default=None, help="with --distributed")
+
 
 def mesh_of(args):
     """The mesh of `--mesh` (None without one), after joining the other processes when `--distributed`."""
