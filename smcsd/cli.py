@@ -478,7 +478,7 @@ def add_decode_args(p: argparse.ArgumentParser, max_new_tokens: int = 64) -> Non
     """The decoding options shared by generate and chat: method, length, sampling, speculative settings."""
     p.add_argument("--method", type=method_type, default=None, metavar="METHOD",
                    help=f"one of {', '.join(KNOWN_METHODS)} (default: with a draft the pair's measured choice, "
-                        "see README; else ar)")
+                        "see docs/methods.md; else ar)")
     p.add_argument("--max-new-tokens", type=positive_int, default=max_new_tokens, metavar="N",
                    help=f"tokens to generate per prompt or answer, fewer if a stop token comes first "
                         f"(default: {max_new_tokens})")
@@ -490,9 +490,9 @@ def add_decode_args(p: argparse.ArgumentParser, max_new_tokens: int = 64) -> Non
     s.add_argument("--seed", type=nonneg_int, default=0, help="random seed (default: 0)")
     sp = p.add_argument_group("speculative methods (sd, sd-multi, sd-tree, smc)")
     sp.add_argument("--num-speculative-tokens", "-K", type=positive_int, default=None, metavar="K",
-                    help="draft tokens proposed per target call (default: the method's, see README)")
+                    help="draft tokens proposed per target call (default: the method's, see docs/methods.md)")
     sp.add_argument("--num-particles", "-N", type=positive_int, default=None, metavar="N",
-                    help="particles (smc) or drafts (sd-multi) per prompt (default: the method's, see README)")
+                    help="particles (smc) or drafts (sd-multi) per prompt (default: the method's, see docs/methods.md)")
     sp.add_argument("--draft-temperature", type=temperature_type, default=None, metavar="T",
                     help="temperature of the draft's proposals (default: --temperature)")
     sp.add_argument("--ess-threshold", type=fraction_type, default=0.5, metavar="TAU",

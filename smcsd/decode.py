@@ -24,7 +24,7 @@ from .stats import DecodeResult, DecodeStats, finish_stats
 _SELECT = ("sample", "argmax")
 
 # Defaults of method, num_particles and num_speculative_tokens: smcsd/defaults.py (measured per pair, backend and
-# drafter by experiments/choose_defaults.py; README, "Defaults").
+# drafter by experiments/choose_defaults.py; docs/methods.md, "Defaults").
 
 
 def _parse_tree(tree):
