@@ -14,6 +14,7 @@ import json
 import os
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+CURVES = os.path.join(REPO, "experiments", "results", "train")  # default --curves-dir
 EXPORT_DTYPES = ["float32", "bfloat16"]
 
 
@@ -58,6 +59,8 @@ def add_run_flags(ap) -> None:
     ap.add_argument("--resume", action="store_true")
     ap.add_argument("--overwrite", action="store_true")
     ap.add_argument("--no-progress", action="store_true")
+    ap.add_argument("--curves-dir", default=CURVES,
+                    help="where the training curves (<tag>.json / .png) go")
 
 
 def add_device_args(ap) -> None:
@@ -129,7 +132,7 @@ def loop_kwargs(args, tag: str, out: str | None, command: str, ckpt_dir: str | N
     return dict(mesh=getattr(args, "device_mesh", None), ckpt_dir=ckpt_dir or os.path.join(REPO, "checkpoints", tag), resume=args.resume,
                 overwrite=args.overwrite, out=out, export_dtype=args.export_dtype, eval_every=args.eval_every,
                 ckpt_every=args.ckpt_every, eval_rows=args.eval_rows, progress=not args.no_progress,
-                stop_after=args.stop_after, curves_path=os.path.join(REPO, "experiments", "results", "train", tag),
+                stop_after=args.stop_after, curves_path=os.path.join(getattr(args, "curves_dir", None) or CURVES, tag),
                 command=command)
 
 

@@ -306,7 +306,8 @@ def test_experiment_training_scripts_take_a_mesh(tmp_path):
     repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     base = [sys.executable, os.path.join(repo, "experiments", "train_eagle.py"), "--pair", "tiny-code", "--steps", "2",
             "--batch-size", "2", "--seq-len", "32", "--ttt-steps", "2", "--max-tokens", "20000", "--eval-every", "2",
-            "--eval-rows", "2", "--no-progress", "--ckpt-dir", str(tmp_path / "ck"), "--out", str(tmp_path / "out")]
+            "--eval-rows", "2", "--no-progress", "--ckpt-dir", str(tmp_path / "ck"), "--out", str(tmp_path / "out"),
+            "--curves-dir", str(tmp_path / "curves")]
     env = {**os.environ, "JAX_PLATFORMS": "cpu"}
     r = subprocess.run(base + ["--mesh", "1x1"], capture_output=True, text=True, env=env, cwd=repo, timeout=600)
     assert r.returncode == 0, r.stderr[-3000:]
