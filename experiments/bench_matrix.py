@@ -436,16 +436,10 @@ def markdown(results: list[dict]) -> str:
 
 
 def release_programs() -> None:
-    """Drop every compiled program of this process (smcsd's and JAX's caches) before a suite: each XLA:CPU executable
-    holds memory mappings of its own, and a full matrix after make_docs' other benchmarks compiles enough of them to
-    exhaust the kernel's per-process map limit (vm.max_map_count, 65530 here: LLVM 'Cannot allocate memory')."""
-    import gc
-
-    import jax
-    from smcsd.engine import clear_compile_cache
-    clear_compile_cache()
-    jax.clear_caches()
-    gc.collect()
+    """Drop every compiled program before a suite (`smcsd.engine.release_programs`: a full matrix after make_docs'
+    other benchmarks compiles enough executables to exhaust the per-process memory-map limit)."""
+    from smcsd.engine import release_programs as release
+    release()
 
 
 def main(argv=None) -> int:

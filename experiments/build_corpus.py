@@ -47,9 +47,8 @@ def main(argv=None) -> None:
                     help="jax.distributed.initialize() first (a multi-host TPU slice / GPU cluster); every process "
                          "runs the same command")
     args = ap.parse_args(argv)
-    if args.distributed:
-        import jax
-        jax.distributed.initialize()
+    from smcsd.train.cli import mesh_of
+    mesh = mesh_of(args)  # joins the other processes first with --distributed (gloo collectives on CPU)
 
     import smcsd
     from smcsd.train.corpus import BuildSettings, build_corpus, build_text_shards
@@ -62,8 +61,6 @@ def main(argv=None) -> None:
                 f.write(line + "\n")
 
     os.makedirs(args.out, exist_ok=True)
-    from smcsd.mesh import parse_mesh
-    mesh = parse_mesh(args.mesh)
     target, _ = smcsd.load(args.pair, dtype="float32")
     command = "python experiments/build_corpus.py " + " ".join(sys.argv[1:] if argv is None else argv)
     if args.text_tokens and not os.path.exists(os.path.join(args.out, "text.json")):

@@ -123,6 +123,16 @@ def clear_compile_cache() -> None:
     _COMPILED.clear()
 
 
+def release_programs() -> None:
+    """Drop every compiled program of this process (smcsd's and JAX's caches): each XLA:CPU executable holds memory
+    mappings of its own, and a long run that compiles many (a benchmark matrix, a golden check) exhausts the
+    kernel's per-process map limit (vm.max_map_count, 65530 here: LLVM 'Cannot allocate memory')."""
+    import gc
+    clear_compile_cache()
+    jax.clear_caches()
+    gc.collect()
+
+
 # ----------------------------------------------------------------------------- traced helpers
 
 def prefill(config: ModelConfig, params, prompt, prompt_len, cache_len: int, rows_per_prompt: int = 1,

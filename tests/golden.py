@@ -132,15 +132,9 @@ def compute(include_real: bool, verbose: bool = False, only=None):
 
 
 def _release() -> None:
-    """Free compiled programs between cases: each XLA:CPU executable holds memory maps, and ~80 decodes' programs
-    exceed the per-process limit (LLVM 'Cannot allocate memory')."""
-    import gc
-
-    import jax
-    from smcsd.engine import clear_compile_cache
-    clear_compile_cache()
-    jax.clear_caches()
-    gc.collect()
+    """Free compiled programs between cases (~80 decodes' executables exceed the per-process memory-map limit)."""
+    from smcsd.engine import release_programs
+    release_programs()
 
 
 def _close(a, b, rel=1e-5) -> bool:
