@@ -518,6 +518,7 @@ def test_training_unroll_matches_decoding_and_loss_masks():
             assert float(got[other]) > 1e-3, (k, aux)
 
 
+@pytest.mark.slow  # default-run budget (the fresh-clone default lane took 12 min 27 s)
 def test_loss_masks_supervise_only_the_masked_tokens():
     """`TokenCorpus(masks=)` packs a per-token mask beside the tokens (an appended EOS is supervised), the teacher
     stream's batches carry it as `loss_mask`, and the loss and held-out metrics count only positions predicting a

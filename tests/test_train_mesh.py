@@ -226,6 +226,7 @@ def test_mesh_errors_name_the_argument(tiny_target):
     assert placement(None).local_rows(5).tolist() == list(range(5))
 
 
+@pytest.mark.slow  # default-run budget (the fresh-clone default lane took 12 min 27 s)
 def test_corpus_generation_on_a_one_device_mesh(tiny_target):
     """generate(mesh=) on a 1x1 mesh (the mesh code path: stacked, placed weights, programs traced under the layout)
     gives the plain path's tokens; a batch the data axis does not divide is refused naming batch_size."""
