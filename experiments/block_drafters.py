@@ -58,9 +58,9 @@ def prompts_for(pair: str, target, n: int, prompt_tokens: int, seed: int = 99):
 
 def draft_flops(drafter, target_config, K: int) -> float:
     """The drafter's matmul FLOPs per cycle over one target token's (2 x matmul params each)."""
-    from smcsd.drafters import ARDrafter, BlockDrafter
+    from smcsd.drafters import ARDrafter, DFlashDrafter
     tgt = matmul_params(target_config)
-    if isinstance(drafter, BlockDrafter):
+    if isinstance(drafter, DFlashDrafter):
         c = drafter.block_config
         m = c.model
         head = m.vocab_size * m.hidden_size
@@ -72,9 +72,9 @@ def draft_flops(drafter, target_config, K: int) -> float:
 
 def draft_weight_reads(drafter, target_config, K: int) -> float:
     """Bytes of weights the drafter streams per cycle over the target's per call (same dtype assumed)."""
-    from smcsd.drafters import ARDrafter, BlockDrafter
+    from smcsd.drafters import ARDrafter, DFlashDrafter
     tgt = matmul_params(target_config)
-    if isinstance(drafter, BlockDrafter):
+    if isinstance(drafter, DFlashDrafter):
         return matmul_params(drafter.block_config.model) / tgt  # its layers + the shared head, once
     return K * matmul_params((drafter.model if isinstance(drafter, ARDrafter) else drafter).config) / tgt
 
@@ -99,14 +99,14 @@ def main(argv=None):
     batch = args.batch or (1 if big else n)
 
     import smcsd
-    from smcsd.drafters import BlockDrafter
+    from smcsd.drafters import DFlashDrafter
 
     target, _ = smcsd.load(args.pair, drafter="prompt-lookup")
     names = args.drafters or [d for d in smcsd.available_drafters(args.pair) if d != "prompt-lookup"]
     drafters = {}
     for name in names:
         if name.startswith("path:"):
-            drafters[name] = BlockDrafter.load(name[5:], dtype=target.config.dtype).bind(target)
+            drafters[name] = DFlashDrafter.load(name[5:], dtype=target.config.dtype).bind(target)
         else:
             drafters[name] = smcsd.load(args.pair, drafter=name)[1]
     prompts = prompts_for(args.pair, target, n, args.prompt_tokens)

@@ -128,11 +128,11 @@ def measure_quality(pair, target, draft, c, prompts, stops, problems, temperatur
 def projected(pair, target, draft, c, speed_row, prompt_len, out_len):
     """Tokens/s the cost model projects on an H100 for this candidate (acceptance as measured here)."""
     import cost_model
-    from smcsd.drafters import BlockDrafter
+    from smcsd.drafters import DFlashDrafter
     dev = cost_model.DEVICES["h100"]
     tcfg = target.config
-    block = draft.block_config.block_size if isinstance(draft, BlockDrafter) else None
-    dcfg = draft.block_config.model if isinstance(draft, BlockDrafter) else getattr(draft, "config", None)
+    block = draft.block_config.block_size if isinstance(draft, DFlashDrafter) else None
+    dcfg = draft.block_config.model if isinstance(draft, DFlashDrafter) else getattr(draft, "config", None)
     if dcfg is None and hasattr(draft, "eagle_config"):  # EAGLE: one decoder layer, its head over V′ tokens
         import dataclasses
         ec = draft.eagle_config

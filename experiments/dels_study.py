@@ -5,7 +5,7 @@
     python experiments/dels_study.py --pair tiny-code --weights 0.3:0.3 0.5:0.3 1.0:0.3  # fusion weights alpha:beta
 
 For each block drafter in --blocks, each T and K: `sd` with the block drafter alone and with the local head fused
-(`FusedDrafter(block, head, alpha, beta)`), on the same prompts and seeds. Reported: mean acceptance length
+(`DeLSDrafter(block, head, alpha, beta)`), on the same prompts and seeds. Reported: mean acceptance length
 (tokens per target call, stats.mean_acceptance_length), the paired difference fused - alone with its bootstrap
 standard error over requests x seeds (experiments/tree_bench.py), and the training cost of the head next to each
 block drafter's (wall time, params, from their training.json). JSON: --out (default
@@ -58,7 +58,7 @@ def main(argv=None) -> int:
     import smcsd
     from block_drafters import prompts_for
     from smcsd.models.shipped import SHIPPED_DIR
-    from smcsd.drafters import FusedDrafter, LocalHead
+    from smcsd.drafters import DeLSDrafter, LocalHead
     from tree_bench import bootstrap_se, per_request, pooled
 
     smol = args.pair == "smollm2-135m"
@@ -80,7 +80,7 @@ def main(argv=None) -> int:
     for T in args.temperatures:
         for K in args.ks:
             for b, block in blocks.items():
-                runs = [("alone", None, block)] + [(f"+head a={a:g} b={be:g}", (a, be), FusedDrafter(block, head, a, be))
+                runs = [("alone", None, block)] + [(f"+head a={a:g} b={be:g}", (a, be), DeLSDrafter(block, head, a, be))
                                                   for a, be in weights]
                 per = {}
                 for label, w, d in runs:

@@ -48,7 +48,7 @@ def main(argv=None) -> int:
 
     import smcsd
     from block_drafters import prompts_for
-    from smcsd.drafters import MaskDrafter
+    from smcsd.drafters import PARD2Drafter
     from tree_bench import bootstrap_se, per_request
 
     smol = args.pair == "smollm2-135m"
@@ -59,7 +59,7 @@ def main(argv=None) -> int:
         if path == "shipped":
             d = smcsd.load(args.pair, drafter="pard2", dtype="float32" if smol else None)[1]
         else:
-            d = MaskDrafter.load(path, dtype=target.config.dtype, name=label, tokenizer=target.tokenizer).bind(target)
+            d = PARD2Drafter.load(path, dtype=target.config.dtype, name=label, tokenizer=target.tokenizer).bind(target)
         info = _training(path if path != "shipped" else os.path.join(REPO, "models", "shipped", args.pair,
                                                                       "drafters", "pard2"))
         dual = bool(d.feature_layers) and (info.get("run", {}).get("feature_drop", 0) or 0) > 0

@@ -1,4 +1,4 @@
-"""Train a DFlash block drafter (smcsd/drafters/block.py) for a pair's target with DFlash or D-PACE position weights.
+"""Train a DFlash block drafter (smcsd/drafters/dflash.py) for a pair's target with DFlash or D-PACE position weights.
 
     python experiments/train_block_drafter.py --pair tiny-code --weighting dflash --steps 600
     python experiments/train_block_drafter.py --pair tiny-code --weighting dpace --seed 1 --out /tmp/dpace-s1
@@ -77,7 +77,7 @@ def main(argv=None):
                     help="stored dtype (default: float32 on tiny-code, bfloat16 on smollm2-135m; computed in float32 on CPU)")
     ap.add_argument("--lr", type=float, default=None)
     ap.add_argument("--target-layers", type=int, nargs="+", default=None,
-                    help="target layers the drafter reads (default: smcsd.drafters.block.default_target_layers)")
+                    help="target layers the drafter reads (default: smcsd.drafters.dflash.default_target_layers)")
     ap.add_argument("--ce-weight", type=float, default=0.5)
     ap.add_argument("--kl-weight", type=float, default=0.5)
     train_cli.add_schedule_args(ap)
@@ -93,7 +93,7 @@ def main(argv=None):
     train_cli.fill_defaults(args, DEFAULTS[args.pair])  # this script does not require --out or --export
     train_cli.start_devices(args)  # --distributed / --mesh, before the target loads
 
-    from smcsd.drafters import BlockDrafter
+    from smcsd.drafters import DFlashDrafter
     from smcsd.train import train_block_drafter
 
     target, _ = train_cli.load_pair(args.pair)
@@ -103,9 +103,9 @@ def main(argv=None):
     if args.variable_prefix:  # warm start: the variable-prefix drafter shares the main drafter's architecture
         from smcsd.pairs import _drafter_dir
         name = "d2sd"
-        drafter = BlockDrafter.load(_drafter_dir(args.pair, "dflash-dpace"), dtype="float32", name=name).bind(target)
+        drafter = DFlashDrafter.load(_drafter_dir(args.pair, "dflash-dpace"), dtype="float32", name=name).bind(target)
     else:
-        drafter = BlockDrafter.create(target, num_layers=args.layers, block_size=args.block_size, seed=args.seed,
+        drafter = DFlashDrafter.create(target, num_layers=args.layers, block_size=args.block_size, seed=args.seed,
                                       target_layers=args.target_layers, name=name)
     tag = f"{args.pair}-{args.weighting}{'-vp' if args.variable_prefix else ''}-s{args.seed}"
     out = train_cli.output_dir(args, name)

@@ -69,7 +69,7 @@ def main(argv=None):
                        "note": "DeLS-Spec: this directory holds the local head (trained by "
                                "experiments/train_local_head.py, see training.json); it is fused with the pair's "
                                "block drafter named by 'block'. Any block drafter of the same target can be fused "
-                               "with it: smcsd.drafters.FusedDrafter(block, LocalHead.load(dir))."}, f, indent=2)
+                               "with it: smcsd.drafters.DeLSDrafter(block, LocalHead.load(dir))."}, f, indent=2)
     train_cli.print_summary(res, out)
 
 

@@ -1,4 +1,4 @@
-"""Train a PARD-2 mask drafter (smcsd/drafters/mask.py) for a pair's target, warm-started from its distilled AR draft.
+"""Train a PARD-2 mask drafter (smcsd/drafters/pard2.py) for a pair's target, warm-started from its distilled AR draft.
 
     python experiments/train_mask_drafter.py --pair tiny-code --export                  # CAT, dual mode: `pard2`
     python experiments/train_mask_drafter.py --pair tiny-code --weighting uniform --out /tmp/pard2-uniform
@@ -8,7 +8,7 @@
 
 COD sequences (PARD: mask groups up to --depth, retain 0.7 per depth, at least 0.2), loss 0.1·CE + 1.0·KL(p_T ‖ q)
 with CAT or uniform weights, target features of `default_feature_layers` (PARD-2's last layer and every 8th below
-it) added to the inputs and dropped for a whole row with probability --feature-drop (smcsd/train/mask.py). Corpus
+it) added to the inputs and dropped for a whole row with probability --feature-drop (smcsd/train/pard2.py). Corpus
 and teacher as experiments/train_block_drafter.py's. With --export the result goes to
 models/shipped/<pair>/drafters/pard2/ (with training.json: command, settings, wall time, final held-out metrics).
 """
@@ -54,15 +54,15 @@ def main(argv=None):
     train_cli.fill_defaults(args, DEFAULTS[args.pair])  # this script does not require --out or --export
     train_cli.start_devices(args)  # --distributed / --mesh, before the target loads
 
-    from smcsd.drafters import MaskDrafter
-    from smcsd.train.mask import train_mask_drafter
+    from smcsd.drafters import PARD2Drafter
+    from smcsd.train.pard2 import train_mask_drafter
     from experiments.train_block_drafter import corpus_for
 
     target, draft = train_cli.load_pair(args.pair, drafter="ar-distilled")
     corpus = corpus_for(args.pair, target, args)
     print(f"corpus: {corpus.num_tokens} tokens, {len(corpus.train_rows)} train rows", flush=True)
     layers = () if args.no_features else default_feature_layers(target.config.num_hidden_layers)
-    drafter = MaskDrafter.create(draft, target=target, feature_layers=layers, seed=args.seed, name="pard2")
+    drafter = PARD2Drafter.create(draft, target=target, feature_layers=layers, seed=args.seed, name="pard2")
     tag = f"{args.pair}-pard2-{args.weighting}-{'plain' if args.no_features else f'drop{args.feature_drop:g}'}-s{args.seed}"
     out = train_cli.output_dir(args, "pard2")
     res = train_mask_drafter(target, drafter, corpus, steps=args.steps, weighting=args.weighting, depth=args.depth,

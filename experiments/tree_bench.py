@@ -122,13 +122,13 @@ def se(xs):
 
 def _drafter_config(drafter):
     """(config, tokens per draft call, calls) of the drafter for the cost model."""
-    from smcsd.drafters import ARDrafter, BlockDrafter, D2SDDrafter, as_drafter
+    from smcsd.drafters import ARDrafter, DFlashDrafter, D2SDDrafter, as_drafter
     d = as_drafter(drafter)
     if isinstance(d, ARDrafter):
         return d.model_config, "ar"
     if isinstance(d, D2SDDrafter):
         return d.main.block_config.model, "block"
-    if isinstance(d, BlockDrafter):
+    if isinstance(d, DFlashDrafter):
         return d.block_config.model, "block"
     return None, None
 

@@ -324,14 +324,14 @@ class Built:
         self.build_s = time.perf_counter() - t0
 
     def drafter(self, kind: str):
-        """The drafter of this kind (a LanguageModel for AR kinds, a BlockDrafter for `block`), built now if new."""
+        """The drafter of this kind (a LanguageModel for AR kinds, a DFlashDrafter for `block`), built now if new."""
         if kind not in self._drafters:
             import jax
-            from .drafters import BlockDrafter
+            from .drafters import DFlashDrafter
             t0 = time.perf_counter()
             i, d = next((i, d) for i, d in enumerate(self.spec.drafters) if d.kind == kind)
             if d.kind == "block":
-                self._drafters[kind] = BlockDrafter.create(self.target, num_layers=d.config.num_hidden_layers,
+                self._drafters[kind] = DFlashDrafter.create(self.target, num_layers=d.config.num_hidden_layers,
                                                            block_size=d.block_size, seed=10 + i, name=d.name)
             else:
                 self._drafters[kind] = random_model(d.config, 10 + i, d.name, self.platform)

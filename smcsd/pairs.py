@@ -7,8 +7,8 @@ the fetchable SmolLM2); the drafters are:
   checkpoint directory (config.json + model.safetensors, as `experiments/train_pair.py` and `smcsd.train` export);
 - parameter-free drafters that work with any target: `prompt-lookup`.
 Names say the kind: `ar`, `ar-distilled`, `prompt-lookup`, `dflash`, `dflash-dpace`, `d2sd` (a `D2SDDrafter`: its
-variable-prefix network with a `d2sd.json` naming the main block drafter), `pard2` (a `MaskDrafter`), `dels` (a
-`FusedDrafter`: a DeLS-Spec local head with a `dels.json` naming the block drafter it is fused with), `specblock`
+variable-prefix network with a `d2sd.json` naming the main block drafter), `pard2` (a `PARD2Drafter`), `dels` (a
+`DeLSDrafter`: a DeLS-Spec local head with a `dels.json` naming the block drafter it is fused with), `specblock`
 (a `SpecBlockDrafter`), `eagle` (an `EagleDrafter`: EAGLE-3, in the EAGLE / SpecForge checkpoint layout), ...
 """
 
@@ -20,13 +20,13 @@ import os
 from smcsd.models.registry import FETCHABLE, available_models, load_pair as _load_target_pair, load_target
 from smcsd.models.shipped import SHIPPED_DIR, load_model_dir
 
-from .drafters import (BlockDrafter, D2SDDrafter, EagleDrafter, FlexDrafter, FusedDrafter, LocalHead, MaskDrafter,
+from .drafters import (DFlashDrafter, D2SDDrafter, EagleDrafter, FlexDrafter, DeLSDrafter, LocalHead, PARD2Drafter,
                        PromptLookup, SpecBlockDrafter)
 
 # Model drafters, best first: `load(pair)` returns the first one the pair has.
 MODEL_DRAFTERS = ("ar-distilled", "ar")
 SMC_PROPOSALS = ("smc-proposal",)  # AR drafters fine-tuned for SMC (χ² / Rényi); decode(method="smc") picks them
-BLOCK_DRAFTERS = ("dflash-dpace", "dflash", "specblock")  # BlockDrafter checkpoints (SpecBlock: its subclass)
+BLOCK_DRAFTERS = ("dflash-dpace", "dflash", "specblock")  # DFlashDrafter checkpoints (SpecBlock: its subclass)
 BLOCK_KINDS = {"specblock": SpecBlockDrafter}
 TREE_DRAFTERS = ("d2sd",)  # a variable-prefix block drafter + d2sd.json naming its main drafter
 MASK_DRAFTERS = ("pard2",)  # PARD-2: a small LM + mask embedding (+ feature projection), pard2.json
@@ -61,7 +61,7 @@ def load(pair: str = "tiny-code", drafter: str | None = None, dtype: str | None 
     """`(target, drafter)` of a pair. `drafter=None` gives the pair's default drafter: the one its
     `decode_defaults.json` measured fastest on this backend (`smcsd.defaults.default_drafter`), else its best model
     drafter (None when it has none, so `decode` runs `ar`); a name from `available_drafters(pair)` gives that one. Model drafters come back as
-    their `LanguageModel` (what `decode(draft=...)` wraps in `ARDrafter`), block drafters as a `BlockDrafter` bound
+    their `LanguageModel` (what `decode(draft=...)` wraps in `ARDrafter`), block drafters as a `DFlashDrafter` bound
     to the target, parameter-free ones as a `Drafter`.
     `dtype` applies to fetched targets (and their drafters); shipped toys load in their stored dtype."""
     _check_pair(pair)
@@ -79,7 +79,7 @@ def load(pair: str = "tiny-code", drafter: str | None = None, dtype: str | None 
     if drafter in PARAM_FREE:
         return target, PARAM_FREE[drafter]()
     if drafter in BLOCK_DRAFTERS:
-        cls = BLOCK_KINDS.get(drafter, BlockDrafter)
+        cls = BLOCK_KINDS.get(drafter, DFlashDrafter)
         block = cls.load(_drafter_dir(pair, drafter), dtype=target.config.dtype, name=f"{pair}/{drafter}")
         return target, block.bind(target)  # raises if the checkpoint does not fit this target
     if drafter in EAGLE_DRAFTERS:
@@ -92,7 +92,7 @@ def load(pair: str = "tiny-code", drafter: str | None = None, dtype: str | None 
     if drafter in FUSED_DRAFTERS:
         return target, _load_fused(pair, drafter, target)
     if drafter in MASK_DRAFTERS:
-        mask = MaskDrafter.load(_drafter_dir(pair, drafter), dtype=target.config.dtype, name=f"{pair}/{drafter}",
+        mask = PARD2Drafter.load(_drafter_dir(pair, drafter), dtype=target.config.dtype, name=f"{pair}/{drafter}",
                                 tokenizer=target.tokenizer)
         return target, mask.bind(target)
     if drafter == "ar" and pair not in FETCHABLE:
@@ -123,17 +123,17 @@ def _named_block(pair: str, name: str, meta_file: str, key: str):
     return meta, main_dir
 
 
-def _load_fused(pair: str, name: str, target) -> FusedDrafter:
+def _load_fused(pair: str, name: str, target) -> DeLSDrafter:
     meta, block_dir = _named_block(pair, name, "dels.json", "block")
-    block = BlockDrafter.load(block_dir, dtype=target.config.dtype, name=f"{pair}/{meta['block']}")
+    block = DFlashDrafter.load(block_dir, dtype=target.config.dtype, name=f"{pair}/{meta['block']}")
     head = LocalHead.load(_drafter_dir(pair, name), name=f"{pair}/{name}")
-    return FusedDrafter(block, head, meta.get("alpha", 0.3), meta.get("beta", 0.3), name=f"{pair}/{name}").bind(target)
+    return DeLSDrafter(block, head, meta.get("alpha", 0.3), meta.get("beta", 0.3), name=f"{pair}/{name}").bind(target)
 
 
 def _load_d2sd(pair: str, name: str, target) -> D2SDDrafter:
     meta, main_dir = _named_block(pair, name, "d2sd.json", "main")
     main_name, path = meta["main"], _drafter_dir(pair, name)
     dt = target.config.dtype
-    main = BlockDrafter.load(main_dir, dtype=dt, name=f"{pair}/{main_name}")
-    vp = BlockDrafter.load(path, dtype=dt, name=f"{pair}/{name}-vp")
+    main = DFlashDrafter.load(main_dir, dtype=dt, name=f"{pair}/{main_name}")
+    vp = DFlashDrafter.load(path, dtype=dt, name=f"{pair}/{name}-vp")
     return D2SDDrafter(main, vp, name=f"{pair}/{name}").bind(target)

@@ -1,4 +1,4 @@
-"""DeLS-Spec's fused drafter (smcsd/drafters/local.py): its proposals follow the fused q it reports (block logits +
+"""DeLS-Spec's fused drafter (smcsd/drafters/dels.py): its proposals follow the fused q it reports (block logits +
 alpha * local-head logits of the tokens drafted so far - beta * log-prior), `sd` / `sd-multi` / `sd-tree` with a
 random block drafter and a random local head reproduce the enumerated p_T, greedy `sd` equals `ar`, the head
 saves, loads and fuses with any block drafter of the target, training lowers its loss, and bad input is refused."""
@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 
 import smcsd
-from smcsd.drafters import BlockDrafter, FusedDrafter, LocalHead, initial_feed
-from smcsd.drafters.local import fused_reference_logq, unigram_log_prior
+from smcsd.drafters import DFlashDrafter, DeLSDrafter, LocalHead, initial_feed
+from smcsd.drafters.dels import fused_reference_logq, unigram_log_prior
 from smcsd.sampling import SamplingParams
 from toys import chi_square_pvalue, exact_distribution, sample_counts, tiny_pair, total_variation
 
@@ -24,11 +24,11 @@ PROMPT, LENGTH, K = (0, 1, 2, 0, 1), 3, 2
 def fused(target, seed: int = 1, alpha=1.0, beta=0.3, block_size: int = 4):
     """A random block drafter fused with a random local head whose logits are large (so the fusion visibly moves q)
     and a non-uniform prior."""
-    block = BlockDrafter.create(target, num_layers=2, block_size=block_size, seed=seed, init_std=0.5)
+    block = DFlashDrafter.create(target, num_layers=2, block_size=block_size, seed=seed, init_std=0.5)
     head = LocalHead.create(target, hidden=8, rank=8, seed=seed + 10)
     head = head.with_params({**head.params, "out": head.params["out"] * 3.0})
     prior = np.log(np.arange(1, V + 1, dtype=np.float64) / np.arange(1, V + 1).sum())
-    return FusedDrafter(block, LocalHead(head.config, head.params, prior), alpha=alpha, beta=beta)
+    return DeLSDrafter(block, LocalHead(head.config, head.params, prior), alpha=alpha, beta=beta)
 
 
 @pytest.mark.slow  # default-run budget
@@ -102,29 +102,29 @@ def test_save_load_and_fuse_with_another_block(tmp_path):
     d.head.save(str(tmp_path / "head"))
     head = LocalHead.load(str(tmp_path / "head"))
     np.testing.assert_array_equal(head.log_prior, d.head.log_prior)
-    e = FusedDrafter(d.block, head, alpha=d.alpha, beta=d.beta)
+    e = DeLSDrafter(d.block, head, alpha=d.alpha, beta=d.beta)
     assert e == d
     kw = dict(target=target, method="sd", max_new_tokens=8, num_speculative_tokens=3, seed=3, eos_id=[])
     assert smcsd.decode([[1, 2, 3]], draft=d, **kw).tokens == smcsd.decode([[1, 2, 3]], draft=e, **kw).tokens
-    other = BlockDrafter.create(target, num_layers=1, block_size=6, seed=5, init_std=0.5)
-    f = FusedDrafter(other, head)  # the head is not tied to one block drafter
+    other = DFlashDrafter.create(target, num_layers=1, block_size=6, seed=5, init_std=0.5)
+    f = DeLSDrafter(other, head)  # the head is not tied to one block drafter
     assert smcsd.decode([[1, 2, 3]], draft=f, **kw).tokens[0]
 
 
 def test_errors(tmp_path):
     target, _ = tiny_pair(V, SEED)
     d = fused(target)
-    with pytest.raises(TypeError, match="BlockDrafter"):
-        FusedDrafter(target, d.head)
+    with pytest.raises(TypeError, match="DFlashDrafter"):
+        DeLSDrafter(target, d.head)
     with pytest.raises(TypeError, match="LocalHead"):
-        FusedDrafter(d.block, d.block)
+        DeLSDrafter(d.block, d.block)
     with pytest.raises(ValueError, match="alpha"):
-        FusedDrafter(d.block, d.head, alpha=float("nan"))
+        DeLSDrafter(d.block, d.head, alpha=float("nan"))
     with pytest.raises(ValueError, match="beta"):
-        FusedDrafter(d.block, d.head, beta=())
+        DeLSDrafter(d.block, d.head, beta=())
     big, _ = tiny_pair(8, SEED)
     with pytest.raises(ValueError, match="vocab"):
-        FusedDrafter(d.block, LocalHead.create(big))
+        DeLSDrafter(d.block, LocalHead.create(big))
     with pytest.raises(ValueError, match="num_speculative_tokens"):
         smcsd.decode([[1, 2]], target=target, draft=d, method="sd", num_speculative_tokens=4, max_new_tokens=4)
     with pytest.raises(ValueError, match="local head"):

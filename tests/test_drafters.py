@@ -321,21 +321,21 @@ def test_available_drafters_and_load():
     assert isinstance(lookup, PromptLookup)
     with pytest.raises(ValueError, match="no drafter 'no-such-drafter'.*prompt-lookup"):
         smcsd.load("tiny-code", drafter="no-such-drafter")
-    from smcsd.drafters import D2SDDrafter, MaskDrafter
+    from smcsd.drafters import D2SDDrafter, PARD2Drafter
     d2sd = smcsd.load("tiny-code", drafter="d2sd")[1]
     assert isinstance(d2sd, D2SDDrafter) and d2sd.main.name == "tiny-code/dflash-dpace"
     if "pard2" in names:
         pard = smcsd.load("tiny-code", drafter="pard2")[1]
-        assert isinstance(pard, MaskDrafter) and pard.model.tokenizer is target.tokenizer
-    from smcsd.drafters import FlexDrafter, FusedDrafter, SpecBlockDrafter
-    for name, kind in (("dels", FusedDrafter), ("specblock", SpecBlockDrafter), ("flex", FlexDrafter)):
+        assert isinstance(pard, PARD2Drafter) and pard.model.tokenizer is target.tokenizer
+    from smcsd.drafters import FlexDrafter, DeLSDrafter, SpecBlockDrafter
+    for name, kind in (("dels", DeLSDrafter), ("specblock", SpecBlockDrafter), ("flex", FlexDrafter)):
         if name in names:  # the later papers' drafters, where the pair ships them
             assert isinstance(smcsd.load("tiny-code", drafter=name)[1], kind), name
-    from smcsd.drafters import BlockDrafter
+    from smcsd.drafters import DFlashDrafter
     for name in ("dflash", "dflash-dpace"):  # the shipped block drafters, bound to the target
         assert name in names
         block = smcsd.load("tiny-code", drafter=name)[1]
-        assert isinstance(block, BlockDrafter) and block.name == f"tiny-code/{name}"
+        assert isinstance(block, DFlashDrafter) and block.name == f"tiny-code/{name}"
         assert block.shared["embed"] is target.params["embed_tokens"]["embedding"]
     with pytest.raises(ValueError, match="unknown model pair"):
         smcsd.available_drafters("no-such-pair")

@@ -15,7 +15,7 @@ import pytest
 
 import smcsd
 from smcsd import engine
-from smcsd.drafters import BlockDrafter
+from smcsd.drafters import DFlashDrafter
 from smcsd.overlap import OverlapMeshes, OverlapRunner, overlap_step_model, split_devices
 from toys import chi_square_pvalue, exact_distribution, sample_counts, tiny_pair, total_variation
 
@@ -43,7 +43,7 @@ def test_overlap_is_exact():
 @pytest.mark.slow  # default-run budget
 def test_overlap_is_exact_with_a_block_drafter():
     target, _ = tiny_pair(V, SEED)
-    drafter = BlockDrafter.create(target, num_layers=1, block_size=4, seed=0)
+    drafter = DFlashDrafter.create(target, num_layers=1, block_size=4, seed=0)
     pvalue, tv = _exactness(draft=drafter, temperature=1.0)
     assert pvalue > P_MIN, f"sd-overlap with a block drafter: chi-square p={pvalue:.2e}, TV={tv:.4f}"
 

@@ -13,7 +13,7 @@ import smcsd
 from smcsd.models import forward_cached, init_cache, init_model
 from smcsd.models.transformer import unstack_layers
 from smcsd.decode import prepare
-from smcsd.drafters import BlockDrafter
+from smcsd.drafters import DFlashDrafter
 from smcsd.smc import prefix_sharing
 
 from toys import tiny_config, tiny_pair
@@ -88,7 +88,7 @@ def test_smc_particles_do_not_depend_on_prefix_sharing(kind):
     every cycle gathers rows), for an AR drafter and a block drafter (whose context cache shares the prompt too)."""
     target, draft = tiny_pair(vocab=6)
     if kind == "block":
-        draft = BlockDrafter.create(target, block_size=4, seed=1, init_std=0.5)
+        draft = DFlashDrafter.create(target, block_size=4, seed=1, init_std=0.5)
     kw = dict(num_particles=4, num_speculative_tokens=3, max_new_tokens=11, ess_threshold=1.0, seed=5)
     on, off = _smc(target, draft, True, **kw), _smc(target, draft, False, **kw)
     assert on.particles == off.particles

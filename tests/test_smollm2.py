@@ -205,7 +205,7 @@ def test_shipped_block_drafters(target):
     """The shipped DFlash block drafters bind to the real target (5 hidden layers spread over its 30), keep greedy
     `sd` identical to `ar`, and draft with one call per cycle."""
     import smcsd
-    from smcsd.drafters import BlockDrafter
+    from smcsd.drafters import DFlashDrafter
     names = [n for n in ("dflash-dpace", "dflash") if n in smcsd.available_drafters("smollm2-135m")]
     assert names, "no block drafter shipped for smollm2-135m"
     prompt = target.tokenizer.encode("The capital of France is")
@@ -213,7 +213,7 @@ def test_shipped_block_drafters(target):
     ref = smcsd.decode([prompt], method="ar", **kw).tokens
     for name in names:
         _, d = smcsd.load("smollm2-135m", drafter=name, dtype="float32")
-        assert isinstance(d, BlockDrafter) and d.hidden_layers == (1, 8, 14, 20, 27) and d.dtype == "float32"
+        assert isinstance(d, DFlashDrafter) and d.hidden_layers == (1, 8, 14, 20, 27) and d.dtype == "float32"
         res = smcsd.decode([prompt], draft=d, method="sd", num_speculative_tokens=4, **kw)
         assert res.tokens == ref, name
         assert res.stats.num_draft_calls == res.stats.num_target_calls

@@ -122,9 +122,9 @@ def test_save_load_round_trip(tmp_path):
     kw = dict(target=target, method="sd", max_new_tokens=8, num_speculative_tokens=3, seed=3, eos_id=[])
     assert smcsd.decode([[1, 2, 3]], draft=d, **kw).tokens == smcsd.decode([[1, 2, 3]], draft=e.bind(target),
                                                                            **kw).tokens
-    from smcsd.drafters import BlockDrafter
+    from smcsd.drafters import DFlashDrafter
     with pytest.raises(ValueError, match="specblock"):
-        BlockDrafter.load(str(tmp_path / "sb"))
+        DFlashDrafter.load(str(tmp_path / "sb"))
     with pytest.raises(ValueError, match="sd-tree|tree"):
         smcsd.decode([[1, 2, 3]], target=target, draft=d, method="sd-tree", max_new_tokens=4)
 
@@ -263,7 +263,7 @@ def test_rank_trees_greedy_and_errors(tmp_path):
     with pytest.raises(ValueError, match="rank head"):
         smcsd.decode(prompts, draft=d, method="sd-tree", tree="rank:6x3", **kw)
     with pytest.raises(ValueError, match="rank-head tree|rank head"):
-        smcsd.decode(prompts, draft=smcsd.drafters.BlockDrafter.create(target, block_size=4), method="sd-tree",
+        smcsd.decode(prompts, draft=smcsd.drafters.DFlashDrafter.create(target, block_size=4), method="sd-tree",
                      tree="rank:6x3", **kw)
     with pytest.raises(ValueError, match="depth"):
         smcsd.decode(prompts, draft=_with_rank_head(d), method="sd-tree", tree="rank:6x4", **kw)

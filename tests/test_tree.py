@@ -207,9 +207,9 @@ def test_d2sd_tree_exact(random_d2sd, setting):
 @pytest.mark.slow  # default-run budget
 def test_block_drafter_product_tree_exact():
     """A (random) block drafter's product tree: target hidden states gathered along the accepted path."""
-    from smcsd.drafters import BlockDrafter
+    from smcsd.drafters import DFlashDrafter
     target, _ = tiny_pair(V, SEED)
-    pvalue, tv = _tree_exactness("2,2:distinct", "t1", seed=5000, draft=BlockDrafter.create(target, block_size=4))
+    pvalue, tv = _tree_exactness("2,2:distinct", "t1", seed=5000, draft=DFlashDrafter.create(target, block_size=4))
     assert pvalue > P_MIN, f"sd-tree block drafter: chi-square p={pvalue:.2e}, TV={tv:.4f}"
 
 
@@ -282,12 +282,12 @@ def test_variable_prefix_training_matches_decode_path():
     (`block_logits_at(..., prefix, prefix_len)` over a cache filled from the same hidden states), and its loss
     ignores the given positions."""
     from smcsd.models import forward_full
-    from smcsd.drafters import BlockDrafter
+    from smcsd.drafters import DFlashDrafter
     from smcsd.engine import _hidden_concat
-    from smcsd.train.block import block_loss, block_train_logits
+    from smcsd.train.dflash import block_loss, block_train_logits
     from toys import tiny_config
     target = init_model(tiny_config(6, layers=3), 0, init_std=0.8)
-    d = BlockDrafter.create(target, num_layers=2, block_size=5, seed=1, init_std=0.5)
+    d = DFlashDrafter.create(target, num_layers=2, block_size=5, seed=1, init_std=0.5)
     p = d.drafter_params()
     rng = np.random.default_rng(2)
     tokens = jnp.asarray(rng.integers(0, 6, (2, 12)), jnp.int32)
@@ -316,7 +316,7 @@ def test_variable_prefix_training_matches_decode_path():
 def test_prefix_lengths_follow_the_decay():
     """Pr(p) ∝ 0.9^p over {0..B−2}: 40k draws, chi-square against the normalised weights (p > 1e-3)."""
     from scipy import stats as sps
-    from smcsd.train.block import sample_prefix_lengths
+    from smcsd.train.dflash import sample_prefix_lengths
     x = sample_prefix_lengths(0, 7, (200, 200), 16, 0.9)
     w = 0.9 ** np.arange(15)
     w /= w.sum()

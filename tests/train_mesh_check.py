@@ -58,7 +58,7 @@ from jax.sharding import NamedSharding  # noqa: E402
 
 import smcsd  # noqa: E402
 from smcsd.models import ByteTokenizer, ModelConfig, init_model  # noqa: E402
-from smcsd.drafters.block import BlockDrafter  # noqa: E402
+from smcsd.drafters.dflash import DFlashDrafter  # noqa: E402
 from smcsd.train import TextCorpus, distill_ar_drafter, draft_config_for, train_block_drafter  # noqa: E402
 
 TOK = ByteTokenizer()
@@ -106,7 +106,7 @@ def run_ar(t, shape, ckpt=None, **kw):
 
 
 def block_drafter(t):
-    return BlockDrafter.create(t, num_layers=1, block_size=4, seed=0)
+    return DFlashDrafter.create(t, num_layers=1, block_size=4, seed=0)
 
 
 def run_block(t, shape, ckpt=None, data=None, **kw):
@@ -248,17 +248,17 @@ def check_generate():
 def check_recipes(t):
     """A few steps of every other recipe on a 4x2 mesh against one device."""
     from smcsd.drafters.flex import FlexDrafter
-    from smcsd.drafters.local import LocalHead
-    from smcsd.drafters.mask import MaskDrafter
+    from smcsd.drafters.dels import LocalHead
+    from smcsd.drafters.pard2 import PARD2Drafter
     from smcsd.drafters.specblock import SpecBlockDrafter
     from smcsd.train import train_flex, train_local_head, train_rank_head, train_specblock
-    from smcsd.train.mask import train_mask_drafter
+    from smcsd.train.pard2 import train_mask_drafter
     kw = dict(steps=4, lr=1e-2, warmup=1, eval_every=4, progress=False)
     small = init_model(DRAFT, seed=1, tokenizer=TOK, name="small")
     spec = lambda: SpecBlockDrafter.create(t, num_layers=1, block_size=3)  # noqa: E731
     no_warmup = {k: v for k, v in kw.items() if k != "warmup"}
     runs = {
-        "mask": lambda m: train_mask_drafter(t, MaskDrafter.create(small, target=t, feature_layers=(1,)), corpus(),
+        "mask": lambda m: train_mask_drafter(t, PARD2Drafter.create(small, target=t, feature_layers=(1,)), corpus(),
                                              depth=3, topk=8, mesh=m, **kw),
         "specblock": lambda m: train_specblock(t, spec(), corpus(), num_anchors=3, topk=8, mesh=m, **kw),
         "rank_head": lambda m: train_rank_head(t, spec(), corpus(), num_anchors=3, topk=8, width=16, mesh=m,

@@ -196,7 +196,7 @@ class Drafter:
         writes into its state sit at slots `base + m` (base = the position after x_0), so the method can keep
         the accepted path with `compact`."""
         raise ValueError(f"{self.describe()} drafts chains only; sd-tree needs a drafter with tree proposals "
-                         "(ARDrafter, BlockDrafter, D2SDDrafter): use method='sd' or 'sd-multi' with this one")
+                         "(ARDrafter, DFlashDrafter, D2SDDrafter): use method='sd' or 'sd-multi' with this one")
 
     def check_tree(self, tree) -> None:
         """Host-side: raise ValueError (naming the fix) unless `propose_tree` can build `tree`."""

@@ -27,25 +27,25 @@ import jax.numpy as jnp
 
 from ..sampling import process_logits
 from .base import Drafter, Proposal, TreeProposal
-from .block import BlockDrafter, head_params
+from .dflash import DFlashDrafter, head_params
 from .tree import draw_children
 
 
 @dataclasses.dataclass(frozen=True, init=False)
 class D2SDDrafter(Drafter):
-    """`D2SDDrafter(main, vp)`: two `BlockDrafter`s reading the same target layers. As a chain drafter (`sd`,
+    """`D2SDDrafter(main, vp)`: two `DFlashDrafter`s reading the same target layers. As a chain drafter (`sd`,
     `sd-multi`, `smc`) it is its main drafter; `sd-tree` adds the branches."""
 
-    main: BlockDrafter
-    vp: BlockDrafter
+    main: DFlashDrafter
+    vp: DFlashDrafter
     name: str = dataclasses.field(compare=False, hash=False, default="d2sd")
 
     kind = "d2sd"
     shares_prefix = True
     supports_mesh = False
 
-    def __init__(self, main: BlockDrafter, vp: BlockDrafter, name: str = "d2sd"):
-        if not isinstance(main, BlockDrafter) or not isinstance(vp, BlockDrafter):
+    def __init__(self, main: DFlashDrafter, vp: DFlashDrafter, name: str = "d2sd"):
+        if not isinstance(main, DFlashDrafter) or not isinstance(vp, DFlashDrafter):
             raise TypeError(f"D2SDDrafter takes two BlockDrafters (main, variable-prefix), got "
                             f"{type(main).__name__}, {type(vp).__name__}")
         if main.block_config.target_layers != vp.block_config.target_layers:
@@ -190,8 +190,8 @@ class D2SDDrafter(Drafter):
 
 def create_random(target, *, num_layers: int = 1, block_size: int = 8, seed: int = 0) -> D2SDDrafter:
     """A randomly initialised D²SD pair for `target` (tests and enumeration)."""
-    main = BlockDrafter.create(target, num_layers=num_layers, block_size=block_size, seed=seed, name="d2sd-main")
-    vp = BlockDrafter.create(target, num_layers=num_layers, block_size=block_size, seed=seed + 1,
+    main = DFlashDrafter.create(target, num_layers=num_layers, block_size=block_size, seed=seed, name="d2sd-main")
+    vp = DFlashDrafter.create(target, num_layers=num_layers, block_size=block_size, seed=seed + 1,
                              target_layers=main.block_config.target_layers, name="d2sd-vp")
     return D2SDDrafter(main, vp)
 

@@ -2,7 +2,7 @@
 per-slot queries and a layer-wise shift, blocks chained from the drafter's own hidden state.
 
 Network (`SpecBlockNet`, the target's width, a few decoder layers sharing the target's embedding and LM head):
-- context: like DFlash (`BlockDrafter`), the target's hidden states of `target_layers` -> linear -> RMSNorm, projected
+- context: like DFlash (`DFlashDrafter`), the target's hidden states of `target_layers` -> linear -> RMSNorm, projected
   by each layer into the drafter's own K/V of the committed positions;
 - a block of S slots (`block_size` = S, 4 in the paper) anchored at the pending token x_0 (position p): slot k sits
   at position p + k and predicts x_{k+1}. Its input is Linear(3H -> H) over [anchor feature; embedding of x_0;
@@ -19,7 +19,7 @@ causal, so later slots never change earlier ones); K > S chains ceil(K / S) forw
 previous block with the token drafted there. Within one block the slots' tokens are drawn independently from their
 own q_k (the dependence between positions is in the hidden states, not in the sampled tokens), across blocks each
 q depends on the tokens drawn before it; `Proposal.logq` holds each q, so `sd` / `sd-multi` / `smc` stay exact /
-consistent as with any drafter. State: the context K/V (as `BlockDrafter`) plus the target's hidden state at the
+consistent as with any drafter. State: the context K/V (as `DFlashDrafter`) plus the target's hidden state at the
 last committed position (`observe` keeps it per row).
 
 Training (`smcsd.train.train_specblock`): teacher-forced anchors, a second block chained from slot M - 1 with
@@ -41,12 +41,12 @@ from smcsd.models.transformer import Part, RMSNorm, _dense
 
 from ..sampling import process_logits, sample
 from .base import Proposal, TreeProposal
-from .block import BlockConfig, BlockDrafter, BlockLayer, _logits
+from .dflash import DFlashConfig, DFlashDrafter, BlockLayer, _logits
 from .tree import product_tree
 
 
 @dataclasses.dataclass(frozen=True)
-class SpecBlockConfig(BlockConfig):
+class SpecBlockConfig(DFlashConfig):
     """`model` (the drafter's layer dimensions; hidden size and vocabulary are the target's), `target_layers`,
     `block_size` = S, the slots per forward (each predicts one token)."""
 
@@ -198,7 +198,7 @@ class OnlineAdapt:
 
 
 @dataclasses.dataclass(frozen=True, init=False)
-class SpecBlockDrafter(BlockDrafter):
+class SpecBlockDrafter(DFlashDrafter):
     """SpecBlock drafter (module docstring). `SpecBlockDrafter.create(target, num_layers=2, block_size=4)`,
     `.load(path)`, `.save(path)`; `.bind(target)` attaches the target's embedding and LM head;
     `.adaptive(OnlineAdapt(...))` turns on online adaptation in `sd` (opt-in; `OnlineAdapt`)."""

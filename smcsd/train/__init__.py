@@ -26,8 +26,8 @@
 """
 
 from . import losses
-from .block import train_block_drafter
-from .local import train_local_head
+from .dflash import train_block_drafter
+from .dels import train_local_head
 from .specblock import train_rank_head, train_specblock
 from .flex import train_flex
 from .data import TeacherStream, TextCorpus, check_vocab, params_fingerprint, read_texts

@@ -301,13 +301,12 @@ class TeacherStream:
     target log-probs per position (`topk_ids`, `topk_logp`); None or 0 keeps the full `logp [B, T, V]`.
     layers: indices of the layers whose output hidden states to return, concatenated as
     `hidden [B, T, len(layers) * D]` (layer-major: features of layers[0] first). cache_dir: store the
-    outputs as float16 `.npy` shards of `shard_rows` rows (default 4 × batch_size, at most ~64 MB) under
-    `cache_dir/<key>/`, computed lazily the first time a row is needed and re-read afterwards (see the
+    outputs as float16 `.npy` shards of `shard_rows` rows (default 1) under `cache_dir/<key>/`, computed
+    lazily the first time a batch draws a row (a batch's new rows in one call) and re-read afterwards (see the
     module docstring). mesh: a training run's ("data", "model") mesh: the target then runs on this process's
     devices of it (`teacher_mesh`), weights split over "model", for the rows `batch(step, rows)` asks for; the
-    outputs equal the single-device ones up to float reduction order. None: one device. When several processes
-    feed different rows, `shard_rows` defaults to 1, so each process computes (and caches) only its own rows
-    (larger shards mean fewer files but rows computed by whichever process first needs them, some twice).
+    outputs equal the single-device ones up to float reduction order. None: one device. Each process computes (and caches) only the rows it
+    feeds.
     """
 
     def __init__(self, target, corpus: TextCorpus, *, topk: int | None = 32, layers: Sequence[int] = (),
@@ -339,10 +338,14 @@ class TeacherStream:
         self.cache_dir = None
         if cache_dir is not None:
             per_row = corpus.seq_len * 2 * ((2 * self.topk if self.topk else V) + len(self.layers) * self.config.hidden_size)
-            # small shards: a batch draws rows from up to batch_size shards, each computed whole on first use; with
-            # several processes feeding different rows, one row per shard: each computes exactly its own rows
-            self.shard_rows = int(shard_rows or (1 if split else
-                                                 max(1, min(4 * corpus.batch_size, (64 << 20) // max(per_row, 1)))))
+            # one row per shard by default: a row is computed when a batch first draws it (with that batch's other
+            # new rows, in one call), so a run's first epoch costs what running the target on each batch costs; a
+            # larger shard is computed whole on first use (rows no batch has drawn yet: a run shorter than an
+            # epoch pays for them, which on a CPU is hours on a million-token corpus)
+            self.shard_rows = int(shard_rows or 1)
+            if not 1 <= self.shard_rows <= max(1, (1 << 30) // max(per_row, 1)):
+                raise ValueError(f"shard_rows must be in [1, {max(1, (1 << 30) // max(per_row, 1))}] (a shard of at "
+                                 f"most 1 GiB), got {shard_rows!r}")
             self.key = self._cache_key()
             self.cache_dir = os.path.join(cache_dir, self.key)
             os.makedirs(self.cache_dir, exist_ok=True)
@@ -415,8 +418,17 @@ class TeacherStream:
         S = self.shard_rows
         shards = indices // S
         parts = {k: np.empty((len(indices),) + self._field_shape(k), self._field_dtype(k)) for k in self.fields}
-        for s in np.unique(shards):
-            data = self._shard(split, int(s), rows)
+        wanted = [int(s) for s in np.unique(shards)]
+        missing = [s for s in wanted if not self._stored(split, s)]
+        if missing:  # every shard this batch lacks, computed in one padded call (not one call per shard)
+            spans = [(s * S, min((s + 1) * S, len(rows))) for s in missing]
+            data = self.compute(np.concatenate([rows[a:b] for a, b in spans]))
+            at = 0
+            for s, (a, b) in zip(missing, spans):
+                self._store(split, s, {k: v[at:at + b - a] for k, v in data.items()})
+                at += b - a
+        for s in wanted:
+            data = self._shard(split, s)
             sel = np.nonzero(shards == s)[0]
             for k in self.fields:
                 parts[k][sel] = data[k][indices[sel] - s * S]
@@ -438,18 +450,20 @@ class TeacherStream:
     def _shard_path(self, split: str, s: int, field: str) -> str:
         return os.path.join(self.cache_dir, f"{split}-{s:05d}.{field}.npy")
 
-    def _shard(self, split: str, s: int, rows: np.ndarray) -> dict[str, np.ndarray]:
-        """One shard's teacher arrays (memory-mapped), computing and storing it first when absent."""
-        paths = {k: self._shard_path(split, s, k) for k in self.fields}
-        if not all(os.path.exists(p) for p in paths.values()):
-            S = self.shard_rows
-            data = self.compute(rows[s * S:(s + 1) * S])
-            for k, p in paths.items():
-                tmp = f"{p}.{os.getpid()}.tmp"
-                with open(tmp, "wb") as f:
-                    np.save(f, data[k].astype(self._field_dtype(k)))
-                os.replace(tmp, p)  # atomic: a reader never sees half a file
-        return {k: np.load(p, mmap_mode="r") for k, p in paths.items()}
+    def _stored(self, split: str, s: int) -> bool:
+        return all(os.path.exists(self._shard_path(split, s, k)) for k in self.fields)
+
+    def _store(self, split: str, s: int, data: dict[str, np.ndarray]) -> None:
+        for k in self.fields:
+            p = self._shard_path(split, s, k)
+            tmp = f"{p}.{os.getpid()}.tmp"
+            with open(tmp, "wb") as f:
+                np.save(f, data[k].astype(self._field_dtype(k)))
+            os.replace(tmp, p)  # atomic: a reader never sees half a file
+
+    def _shard(self, split: str, s: int) -> dict[str, np.ndarray]:
+        """One stored shard's teacher arrays (memory-mapped)."""
+        return {k: np.load(self._shard_path(split, s, k), mmap_mode="r") for k in self.fields}
 
     # -- batches ----------------------------------------------------------------------------------------
     def batch(self, step: int, rows: np.ndarray | None = None) -> dict[str, np.ndarray]:

@@ -25,7 +25,7 @@ from smcsd.models import init_cache
 from smcsd.models.flex import FlexConfig, draft_logits, forward_flex
 
 from ..drafters.flex import FlexDrafter
-from .block import sample_anchors
+from .dflash import sample_anchors
 from .data import TeacherStream, TextCorpus
 from .loop import placement, train, training_info
 from .losses import token_cross_entropy, token_forward_kl_topk

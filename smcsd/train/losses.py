@@ -173,7 +173,7 @@ def dpace_weights(gold_prob, mask=None, a: float = 0.5):
     masked out), P_k = Π_{j≤k} s_j (a smoothed probability that the block is still accepted at k) and
     w_k = Σ_{j≥k} m_j·P_j: an error at k forfeits the expected acceptance of every later position too, so early
     positions weigh most. Stop-gradient. D-PACE's loss is Σ m·w·CE divided by the number of blocks, not by Σ w
-    (`weighted_mean(..., normalize=False)` divides by Σ m instead; `block_loss` in smcsd/train/block.py does it
+    (`weighted_mean(..., normalize=False)` divides by Σ m instead; `block_loss` in smcsd/train/dflash.py does it
     the paper's way).
     """
     if not 0 <= a <= 1:

@@ -29,10 +29,10 @@ import numpy as np
 
 from smcsd.models.transformer import Part
 
-from ..drafters.block import _logits
+from ..drafters.dflash import _logits
 from ..drafters.specblock import (SpecBlockConfig, SpecBlockDrafter, SpecBlockNet, causal_blocks, init_rank_params,
                                   rank_class, rank_logits)
-from .block import sample_anchors
+from .dflash import sample_anchors
 from .data import TeacherStream, TextCorpus
 from .loop import TrainResult, placement, train, training_info
 from .losses import token_cross_entropy, token_forward_kl_topk, valid_prefix_mask

@@ -1,4 +1,4 @@
-"""`BlockDrafter` (DFlash, arXiv 2602.06036): a whole block of drafts from one forward pass, conditioned on the
+"""`DFlashDrafter` (DFlash, arXiv 2602.06036): a whole block of drafts from one forward pass, conditioned on the
 target's own hidden states.
 
 The network (`BlockNet`, Flax) is a few decoder layers at the target's width that share the target's token
@@ -54,7 +54,7 @@ def default_target_layers(num_target_layers: int, count: int = 5) -> tuple[int, 
 
 
 @dataclasses.dataclass(frozen=True)
-class BlockConfig:
+class DFlashConfig:
     """Static shape of a block drafter: `model` gives its decoder layers' dimensions (hidden size and vocabulary
     are the target's; `num_hidden_layers` is the drafter's depth), `target_layers` the target layers whose hidden
     states form its context, `block_size` B (one anchor + B-1 masks)."""
@@ -79,7 +79,7 @@ class BlockConfig:
                 "block_size": self.block_size}
 
     @classmethod
-    def from_dict(cls, d: dict) -> "BlockConfig":
+    def from_dict(cls, d: dict) -> "DFlashConfig":
         return cls(model=ModelConfig(**d["model"]), target_layers=tuple(d["target_layers"]),
                    block_size=int(d["block_size"]))
 
@@ -125,7 +125,7 @@ class BlockLayer(nn.Module):
 class BlockNet(nn.Module):
     """The block drafter's own weights: context projection, mask embedding, decoder layers, final norm."""
 
-    config: BlockConfig
+    config: DFlashConfig
     init_std: float = 0.02
 
     def setup(self):
@@ -187,11 +187,11 @@ def _logits(h, shared):
 
 
 @dataclasses.dataclass(frozen=True, init=False)
-class BlockDrafter(Drafter):
-    """DFlash block drafter. `BlockDrafter(config, params)`; `.bind(target)` (what `decode` does) attaches the
-    target's embedding and LM head. Build one with `BlockDrafter.create(target, ...)` or `BlockDrafter.load(path)`."""
+class DFlashDrafter(Drafter):
+    """DFlash block drafter. `DFlashDrafter(config, params)`; `.bind(target)` (what `decode` does) attaches the
+    target's embedding and LM head. Build one with `DFlashDrafter.create(target, ...)` or `DFlashDrafter.load(path)`."""
 
-    block_config: BlockConfig
+    block_config: DFlashConfig
     params: dict | None = dataclasses.field(compare=False, hash=False, repr=False)
     shared: dict | None = dataclasses.field(compare=False, hash=False, repr=False)
     name: str = dataclasses.field(compare=False, hash=False, default="dflash")
@@ -200,11 +200,11 @@ class BlockDrafter(Drafter):
     shares_prefix = True
     # what a subclass (another block-style network, e.g. SpecBlock) swaps: its config class, Flax network and the
     # "drafter" tag of its config.json
-    _config_cls = BlockConfig
+    _config_cls = DFlashConfig
     _net_cls = BlockNet
     _format = "dflash"
 
-    def __init__(self, config: BlockConfig, params=None, shared=None, name: str = "dflash"):
+    def __init__(self, config: DFlashConfig, params=None, shared=None, name: str = "dflash"):
         if not isinstance(config, self._config_cls):
             raise TypeError(f"{type(self).__name__} takes a {self._config_cls.__name__}, got {type(config).__name__}")
         object.__setattr__(self, "block_config", config)
@@ -214,28 +214,28 @@ class BlockDrafter(Drafter):
 
     def __repr__(self):
         c = self.block_config
-        return (f"BlockDrafter({self.name!r}, layers={c.model.num_hidden_layers}, hidden={c.model.hidden_size}, "
+        return (f"DFlashDrafter({self.name!r}, layers={c.model.num_hidden_layers}, hidden={c.model.hidden_size}, "
                 f"block_size={c.block_size}, target_layers={c.target_layers})")
 
     # ------------------------------------------------------------------ construction
     @classmethod
     def create(cls, target, *, num_layers: int = 1, block_size: int = 16, target_layers: Sequence[int] | None = None,
              intermediate_size: int | None = None, seed: int = 0, init_std: float = 0.02,
-             name: str = "dflash") -> "BlockDrafter":
+             name: str = "dflash") -> "DFlashDrafter":
         """A randomly initialised block drafter for `target` (a `models.LanguageModel`): its width, heads and
         RoPE are the target's; `target_layers` defaults to `default_target_layers`."""
         tc = target.config
         if not isinstance(num_layers, int) or num_layers < 1:
             raise ValueError(f"num_layers must be an int >= 1, got {num_layers!r}")
         layers = check_hidden_layers(default_target_layers(tc.num_hidden_layers) if target_layers is None
-                                     else target_layers, tc.num_hidden_layers, "BlockDrafter")
+                                     else target_layers, tc.num_hidden_layers, "DFlashDrafter")
         model = dataclasses.replace(tc, num_hidden_layers=num_layers,
                                     intermediate_size=intermediate_size or tc.intermediate_size)
         config = cls._config_cls(model=model, target_layers=layers, block_size=block_size)
         return cls(config, cls._init_params(config, seed, init_std), name=name).bind(target)
 
     @classmethod
-    def _init_params(cls, config: BlockConfig, seed: int, init_std: float):
+    def _init_params(cls, config: DFlashConfig, seed: int, init_std: float):
         model, B = config.model, config.block_size
         dt = model.jnp_dtype
         return cls._net_cls(config, init_std).init(
@@ -269,7 +269,7 @@ class BlockDrafter(Drafter):
                 json.dump(info, f, indent=2)
 
     @classmethod
-    def load(cls, path: str, dtype: str | None = None, name: str | None = None) -> "BlockDrafter":
+    def load(cls, path: str, dtype: str | None = None, name: str | None = None) -> "DFlashDrafter":
         """A block drafter saved by `save` (unbound: `decode` binds it to the target). `dtype` overrides the
         compute dtype (default: the config's, float32)."""
         from smcsd.models.shipped import _read_tensors, _unflatten
@@ -292,7 +292,7 @@ class BlockDrafter(Drafter):
             raise ValueError(f"the weights in {path} do not match its config.json (tensor names or shapes differ)")
         return cls(config, params, name=name or os.path.basename(os.path.normpath(path)))
 
-    def _rebuild(self, config=None, params=None, shared=None) -> "BlockDrafter":
+    def _rebuild(self, config=None, params=None, shared=None) -> "DFlashDrafter":
         """This drafter with some of config / params / shared replaced (subclasses carry their extra fields)."""
         return type(self)(self.block_config if config is None else config, self.params if params is None else params,
                           self.shared if shared is None else shared, self.name)
@@ -303,7 +303,7 @@ class BlockDrafter(Drafter):
         del loaded
         return cls._init_params(config, 0, 0.02)
 
-    def astype(self, dtype: str) -> "BlockDrafter":
+    def astype(self, dtype: str) -> "DFlashDrafter":
         config = dataclasses.replace(self.block_config, model=dataclasses.replace(self.block_config.model, dtype=dtype))
         params = jax.tree_util.tree_map(lambda a: jnp.asarray(a, config.model.jnp_dtype), self.params)
         return self._rebuild(config=config, params=params)
@@ -341,7 +341,7 @@ class BlockDrafter(Drafter):
 
     supports_mesh = False
 
-    def bind(self, target) -> "BlockDrafter":
+    def bind(self, target) -> "DFlashDrafter":
         c, tc = self.block_config.model, target.config
         if c.vocab_size != tc.vocab_size:
             raise ValueError(f"block drafter and target vocabularies differ (drafter vocab_size={c.vocab_size}, "
@@ -459,7 +459,7 @@ class BlockDrafter(Drafter):
         return state
 
 
-def reference_logits(drafter: BlockDrafter, target_hidden, anchor_pos: int, anchor_token, num_tokens: int):
+def reference_logits(drafter: DFlashDrafter, target_hidden, anchor_pos: int, anchor_token, num_tokens: int):
     """Cache-free reference of one proposal: logits `[R, num_tokens, V]` of a block anchored at `anchor_pos`
     (the same for every row) with `anchor_token [R]`, from the target's hidden states `target_hidden [R, T, n*H]`
     of positions 0..T-1 (only those before `anchor_pos` are context)."""

@@ -1,10 +1,10 @@
-"""PARD-2 training of a `MaskDrafter`: conditional-drop (COD) sequences, CAT weights, dual mode.
+"""PARD-2 training of a `PARD2Drafter`: conditional-drop (COD) sequences, CAT weights, dual mode.
 
 One training row is a sequence x_0..x_{T−1} followed by its mask groups (PARD's layout, built by `cod_layout`):
 - group 0 is the sequence itself: the output at real token t predicts x_{t+1} (causal attention);
 - mask group i (1 ≤ i < depth) holds one MASK per kept anchor a, at RoPE position a + i; it attends to x_0..x_a
   and to the masks of the same anchor at depths < i (and itself), and predicts x_{a+i+1} — what mask i − 1 of a
-  proposal anchored at a predicts at decode time (`MaskDrafter.propose`).
+  proposal anchored at a predicts at decode time (`PARD2Drafter.propose`).
 Group i keeps ceil(T · max(r^i, r_min)) anchors (r = `retain`, 0.7; r_min 0.2), nested (a kept anchor of group i
 is kept in group i − 1), drawn from (seed, step) and shared by the rows of a batch. The whole layout runs as one
 forward under that attention pattern (`models.forward_tree` over an empty cache).
@@ -33,7 +33,7 @@ import numpy as np
 from smcsd.models import forward_tree, init_cache
 from smcsd.models.transformer import InputEdits
 
-from ..drafters.mask import FEATURE_SCALE, MaskDrafter
+from ..drafters.pard2 import FEATURE_SCALE, PARD2Drafter
 from .data import TeacherStream, TextCorpus
 from .loop import TrainResult, placement, train, training_info
 from .losses import token_cross_entropy, token_forward_kl_topk
@@ -66,7 +66,7 @@ def cod_layout(seed: int, step: int, T: int, depth: int, retain: float = 0.7, r_
             "label": (anchor + dep + 1).astype(np.int32), "visible": vis}
 
 
-def _forward(drafter: MaskDrafter, params, tokens, layout, feats, keep):
+def _forward(drafter: PARD2Drafter, params, tokens, layout, feats, keep):
     """Logits `[B, L, V]` of the COD layout; `feats [B, T, F]` (or None) the target's hidden states, `keep [B]`."""
     c = drafter.model_config
     B, T = tokens.shape
@@ -111,7 +111,7 @@ def _targets(batch, layout, pad_id):
 
 
 @functools.lru_cache(maxsize=16)
-def mask_loss(drafter: MaskDrafter, weighting: str, ce_weight: float = 0.1, kl_weight: float = 1.0,
+def mask_loss(drafter: PARD2Drafter, weighting: str, ce_weight: float = 0.1, kl_weight: float = 1.0,
               pad_id: int | None = None):
     """loss_fn(params, batch) -> (loss, aux) for `train`: batch holds tokens, topk_ids / topk_logp, the layout
     (`cod_layout` arrays), `keep [B]` and, in dual mode, `hidden`."""
@@ -135,7 +135,7 @@ def mask_loss(drafter: MaskDrafter, weighting: str, ce_weight: float = 0.1, kl_w
 
 
 @functools.lru_cache(maxsize=16)
-def _eval_program(drafter: MaskDrafter, depth: int, pad_id: int | None):
+def _eval_program(drafter: PARD2Drafter, depth: int, pad_id: int | None):
     def ev(params, batch):
         layout = batch["layout"]
         logits = _forward(drafter, params, batch["tokens"], layout, batch.get("hidden"), batch["keep"])
@@ -147,7 +147,7 @@ def _eval_program(drafter: MaskDrafter, depth: int, pad_id: int | None):
     return jax.jit(ev)
 
 
-def train_mask_drafter(target, drafter: MaskDrafter, corpus: TextCorpus | TeacherStream, *, steps: int,
+def train_mask_drafter(target, drafter: PARD2Drafter, corpus: TextCorpus | TeacherStream, *, steps: int,
                        weighting: str = "cat", depth: int = 8, retain: float = 0.7, r_min: float = 0.2,
                        feature_drop: float = 0.2, lr: float = 1e-3, warmup: int | None = None, clip: float = 1.0,
                        weight_decay: float = 0.1, ce_weight: float = 0.1, kl_weight: float = 1.0, topk: int = 32,
@@ -156,14 +156,14 @@ def train_mask_drafter(target, drafter: MaskDrafter, corpus: TextCorpus | Teache
                        export_dtype: str = "float32", eval_every: int = 100, ckpt_every: int = 100,
                        eval_rows: int | None = 32, progress: bool = True, stop_after: int | None = None,
                        curves_path: str | None = None, command: str | None = None, mesh=None) -> TrainResult:
-    """Train `drafter` (a `MaskDrafter`, e.g. `MaskDrafter.create(pair's AR draft, target=..., feature_layers=...)`)
+    """Train `drafter` (a `PARD2Drafter`, e.g. `PARD2Drafter.create(pair's AR draft, target=..., feature_layers=...)`)
     with PARD-2's COD sequences and CAT (or uniform) weights (module docstring); all of its params are trained (the
-    small LM, the mask embedding and, in dual mode, the feature projection). out: `MaskDrafter.save` directory with
+    small LM, the mask embedding and, in dual mode, the feature projection). out: `PARD2Drafter.save` directory with
     `training.json` (settings, final metrics, wall time, command) once the run finishes. mesh: a ("data", "model")
     device mesh (`smcsd.train.loop.placement`): rows over "data", the teacher's target over "model", the drafter
     replicated; under `jax.distributed` every process calls this with the same arguments."""
-    if not isinstance(drafter, MaskDrafter):
-        raise TypeError(f"drafter must be a MaskDrafter, got {type(drafter).__name__}")
+    if not isinstance(drafter, PARD2Drafter):
+        raise TypeError(f"drafter must be a PARD2Drafter, got {type(drafter).__name__}")
     if not 0 <= feature_drop <= 1:
         raise ValueError(f"feature_drop must be in [0, 1], got {feature_drop!r}")
     pl = placement(mesh)

@@ -4,7 +4,7 @@ The target runs teacher-forced over a corpus (`TeacherStream` with `layers` = th
 tokens, the hidden states of those layers at every position, and optionally its top-k next-token log-probs.
 Per sequence, `num_anchors` random anchor positions a (drawn from (seed, step), so a resumed run sees the same
 anchors) each open a block [x_a, MASK × (B−1)] at positions a..a+B−1; the block attends to the context
-features of positions < a and, bidirectionally, to itself — exactly what `BlockDrafter.propose` computes at
+features of positions < a and, bidirectionally, to itself — exactly what `DFlashDrafter.propose` computes at
 decode time, with all blocks of a sequence sharing one context K/V. Position k predicts x_{a+k}.
 
 Per-position loss l_k = w_ce · CE(x_{a+k}) + w_kl · KL(p_T(·|x_≤a+k−1) ‖ q_k) (KL against the target's top-k),
@@ -29,7 +29,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ..drafters.block import BlockConfig, BlockDrafter, BlockNet, _embed_block, _logits
+from ..drafters.dflash import DFlashConfig, DFlashDrafter, BlockNet, _embed_block, _logits
 from .data import TeacherStream, TextCorpus
 from .loop import TrainResult, placement, train, training_info
 from .losses import dflash_gamma, dpace_weights, token_cross_entropy, token_forward_kl_topk
@@ -60,7 +60,7 @@ def sample_prefix_lengths(seed: int, step: int, shape, block_size: int, decay: f
     return rng.choice(block_size - 1, size=shape, p=w / w.sum()).astype(np.int32)
 
 
-def block_train_logits(config: BlockConfig, net_params, shared, tokens, hidden, anchors, prefix_len=None):
+def block_train_logits(config: DFlashConfig, net_params, shared, tokens, hidden, anchors, prefix_len=None):
     """Logits `[Bt, A, B−1, V]` of every block position k = 1..B−1 of `anchors [Bt, A]` in `tokens [Bt, T]`, given
     the target's hidden states `hidden [Bt, T, n*H]`; also the gold labels `[Bt, A, B−1]` (clipped at T−1) and
     whether they exist (`in_range`). With `prefix_len [Bt, A]` block positions 1..p show their gold tokens instead
@@ -94,7 +94,7 @@ def _gather_teacher(arr, anchors, B):
 
 
 @functools.lru_cache(maxsize=16)
-def block_loss(config: BlockConfig, weighting: str, gamma: float | None = None, dpace_a: float = 0.5,
+def block_loss(config: DFlashConfig, weighting: str, gamma: float | None = None, dpace_a: float = 0.5,
                ce_weight: float = 1.0, kl_weight: float = 0.0, pad_id: int | None = None) -> Callable:
     """loss_fn(net_params, batch) -> (loss, aux) for `train`; batch holds tokens, hidden, anchors, the target's
     `embed` / `head` (frozen: passed as data, never updated) and, with kl_weight > 0, topk_ids / topk_logp.
@@ -136,7 +136,7 @@ def block_loss(config: BlockConfig, weighting: str, gamma: float | None = None, 
 
 
 @functools.lru_cache(maxsize=16)
-def _eval_program(config: BlockConfig, pad_id: int | None):
+def _eval_program(config: DFlashConfig, pad_id: int | None):
     """jit -> (ce sum, valid count, per-position α sums [B−1], per-position counts, accepted-length sum, blocks)."""
     B = config.block_size
 
@@ -162,7 +162,7 @@ def _eval_program(config: BlockConfig, pad_id: int | None):
     return jax.jit(ev)
 
 
-def train_block_drafter(target, drafter: BlockDrafter, corpus: TextCorpus | TeacherStream, *, steps: int,
+def train_block_drafter(target, drafter: DFlashDrafter, corpus: TextCorpus | TeacherStream, *, steps: int,
                         weighting: str = "dflash", lr: float = 6e-4, warmup: int | None = None, clip: float = 1.0,
                         weight_decay: float = 0.1, num_anchors: int = 8, gamma: float | None = None,
                         dpace_a: float = 0.5, ce_weight: float = 1.0, kl_weight: float = 0.0, topk: int = 32,
@@ -172,7 +172,7 @@ def train_block_drafter(target, drafter: BlockDrafter, corpus: TextCorpus | Teac
                         eval_rows: int | None = 64, progress: bool = True, stop_after: int | None = None,
                         curves_path: str | None = None, command: str | None = None,
                         prefix_decay: float | None = None, mesh=None) -> TrainResult:
-    """Train `drafter` (a `BlockDrafter`, e.g. `BlockDrafter.create(target)`) for `target` on `corpus` with the
+    """Train `drafter` (a `DFlashDrafter`, e.g. `DFlashDrafter.create(target)`) for `target` on `corpus` with the
     DFlash (`weighting="dflash"`), D-PACE (`"dpace"`) or uniform per-position weights (module docstring).
 
     The target's embedding and LM head stay frozen (they are the target's own); only the drafter's weights are
@@ -185,8 +185,8 @@ def train_block_drafter(target, drafter: BlockDrafter, corpus: TextCorpus | Teac
     the shared embedding / LM head over "model", the drafter replicated; under `jax.distributed` every process
     calls this with the same arguments.
     """
-    if not isinstance(drafter, BlockDrafter):
-        raise TypeError(f"drafter must be a BlockDrafter, got {type(drafter).__name__}")
+    if not isinstance(drafter, DFlashDrafter):
+        raise TypeError(f"drafter must be a DFlashDrafter, got {type(drafter).__name__}")
     pl = placement(mesh)
     drafter = drafter.bind(target)
     config = drafter.block_config
@@ -250,5 +250,5 @@ def train_block_drafter(target, drafter: BlockDrafter, corpus: TextCorpus | Teac
         info = training_info("train_block_drafter", name, stream, res, steps, export_dtype, weighting=weighting, prefix_decay=prefix_decay,
                              this_process_s=round(time.time() - t0, 1),
                              budget={"blocks_seen": steps * corpus.batch_size * num_anchors})
-        pl.on_lead(lambda: BlockDrafter(config, res.params, name=drafter.name).save(out, export_dtype, info))
+        pl.on_lead(lambda: DFlashDrafter(config, res.params, name=drafter.name).save(out, export_dtype, info))
     return res

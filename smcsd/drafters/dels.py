@@ -1,7 +1,7 @@
-"""`FusedDrafter` (DeLS-Spec, arXiv 2607.07409): a frozen block drafter plus a tiny *local head* that restores
+"""`DeLSDrafter` (DeLS-Spec, arXiv 2607.07409): a frozen block drafter plus a tiny *local head* that restores
 left-to-right dependence inside the block.
 
-A block drafter (DFlash, `BlockDrafter`) predicts block position k without seeing the tokens it drafts at positions
+A block drafter (DFlash, `DFlashDrafter`) predicts block position k without seeing the tokens it drafts at positions
 1..k-1 of the same block, so later positions drift. The local head (`LocalHead`) is a one-layer GRU (no bias) over
 the target's (frozen) token embeddings of the tokens drafted so far in the block — the anchor is not fed, the state
 starts at zero — followed by a low-rank vocabulary head (hidden -> rank -> vocab). It is trained alone by next-token
@@ -34,7 +34,7 @@ import numpy as np
 
 from ..sampling import process_logits, sample
 from .base import Drafter, Proposal, TreeProposal
-from .block import BlockDrafter
+from .dflash import DFlashDrafter
 from .tree import product_tree
 
 FORMAT = "smcsd-dels-local-head"
@@ -109,7 +109,7 @@ def unigram_log_prior(rows, vocab_size: int) -> np.ndarray:
 
 class LocalHead:
     """A trained (or random) local head: `config`, `params`, `log_prior [V]`, `name`. `save` / `load` a directory
-    (config.json + local_head.safetensors [+ training.json]); fuse it with a block drafter by `FusedDrafter`."""
+    (config.json + local_head.safetensors [+ training.json]); fuse it with a block drafter by `DeLSDrafter`."""
 
     def __init__(self, config: LocalHeadConfig, params: dict, log_prior, name: str = "local-head"):
         if not isinstance(config, LocalHeadConfig):
@@ -192,11 +192,11 @@ def _weights(w, who: str) -> tuple[float, ...]:
 
 
 @dataclasses.dataclass(frozen=True, init=False)
-class FusedDrafter(Drafter):
-    """`FusedDrafter(block, head, alpha=0.3, beta=0.3)`: DeLS-Spec's fusion of a `BlockDrafter` and a `LocalHead`
+class DeLSDrafter(Drafter):
+    """`DeLSDrafter(block, head, alpha=0.3, beta=0.3)`: DeLS-Spec's fusion of a `DFlashDrafter` and a `LocalHead`
     (module docstring). `alpha` / `beta`: a number, or one per block position 2, 3, ... (the last repeats)."""
 
-    block: BlockDrafter
+    block: DFlashDrafter
     head_config: LocalHeadConfig
     alpha: tuple
     beta: tuple
@@ -207,9 +207,9 @@ class FusedDrafter(Drafter):
     shares_prefix = True
     supports_mesh = False
 
-    def __init__(self, block: BlockDrafter, head: LocalHead, alpha=0.3, beta=0.3, name: str = "dels"):
-        if not isinstance(block, BlockDrafter):
-            raise TypeError(f"FusedDrafter fuses a BlockDrafter (DFlash) with a local head, got {type(block).__name__}"
+    def __init__(self, block: DFlashDrafter, head: LocalHead, alpha=0.3, beta=0.3, name: str = "dels"):
+        if not isinstance(block, DFlashDrafter):
+            raise TypeError(f"DeLSDrafter fuses a DFlashDrafter (DFlash) with a local head, got {type(block).__name__}"
                             " as block")
         if not isinstance(head, LocalHead):
             raise TypeError(f"head must be a LocalHead (smcsd.drafters.LocalHead.load(path)), got {type(head).__name__}")
@@ -224,16 +224,16 @@ class FusedDrafter(Drafter):
         object.__setattr__(self, "name", name)
 
     def __repr__(self):
-        return f"FusedDrafter({self.name!r}, block={self.block!r}, head={self.head!r}, alpha={self.alpha}, beta={self.beta})"
+        return f"DeLSDrafter({self.name!r}, block={self.block!r}, head={self.head!r}, alpha={self.alpha}, beta={self.beta})"
 
-    def with_weights(self, alpha=None, beta=None) -> "FusedDrafter":
-        return FusedDrafter(self.block, self.head, self.alpha if alpha is None else alpha,
+    def with_weights(self, alpha=None, beta=None) -> "DeLSDrafter":
+        return DeLSDrafter(self.block, self.head, self.alpha if alpha is None else alpha,
                             self.beta if beta is None else beta, self.name)
 
     # ------------------------------------------------------------------ host side
-    def bind(self, target) -> "FusedDrafter":
+    def bind(self, target) -> "DeLSDrafter":
         self.head.check_target(target.config)
-        return FusedDrafter(self.block.bind(target), self.head, self.alpha, self.beta, self.name)
+        return DeLSDrafter(self.block.bind(target), self.head, self.alpha, self.beta, self.name)
 
     def drafter_params(self):
         return {"block": self.block.drafter_params(), "local": self.head.params,
@@ -332,7 +332,7 @@ class FusedDrafter(Drafter):
                             state.set_lengths(state.lengths + feed_count + tree.depth - 1))
 
 
-def fused_reference_logq(drafter: FusedDrafter, block_logits, drafted, sampling):
+def fused_reference_logq(drafter: DeLSDrafter, block_logits, drafted, sampling):
     """Reference of one proposal's distributions, cache-free: `block_logits [R, K, V]` of the block and the drafted
     tokens `drafted [R, K]`; returns the processed fused log q `[R, K, V]` position by position (tests)."""
     p = drafter.drafter_params()
@@ -346,5 +346,5 @@ def fused_reference_logq(drafter: FusedDrafter, block_logits, drafted, sampling)
     return jnp.stack(out, 1)
 
 
-__all__ = ["FusedDrafter", "LocalHead", "LocalHeadConfig", "fused_reference_logq", "gru_step", "init_local_params",
+__all__ = ["DeLSDrafter", "LocalHead", "LocalHeadConfig", "fused_reference_logq", "gru_step", "init_local_params",
            "local_logits", "run_gru", "unigram_log_prior"]

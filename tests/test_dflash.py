@@ -1,4 +1,4 @@
-"""The DFlash block drafter (smcsd/drafters/block.py): its cached decoding path equals a cache-free reference of
+"""The DFlash block drafter (smcsd/drafters/dflash.py): its cached decoding path equals a cache-free reference of
 the same network (context written by `observe` from verification hidden states, stale slots masked, ragged
 rows), its draws follow the q it reports and are independent across positions given the context, `sd` /
 `sd-multi` with a randomly initialised block drafter reproduce the enumerated p_T (chi-square), `smc` follows its
@@ -16,8 +16,8 @@ import pytest
 
 import smcsd
 from smcsd.models import forward_full, init_model
-from smcsd.drafters import BlockDrafter
-from smcsd.drafters.block import default_target_layers, reference_logits
+from smcsd.drafters import DFlashDrafter
+from smcsd.drafters.dflash import default_target_layers, reference_logits
 from smcsd.engine import _hidden_concat
 from smcsd.sampling import SamplingParams
 from toys import chi_square_pvalue, exact_distribution, sample_counts, tiny_config, tiny_pair, total_variation
@@ -32,7 +32,7 @@ def deep_target():
 
 def block(target, **kw):
     kw = {"num_layers": 2, "block_size": 4, "seed": 1, "init_std": 0.5, **kw}
-    return BlockDrafter.create(target, **kw)
+    return DFlashDrafter.create(target, **kw)
 
 
 def hidden_of(target, drafter, seq):
@@ -155,7 +155,7 @@ def test_save_load_round_trip(tmp_path):
     target = deep_target()
     d = block(target)
     d.save(str(tmp_path / "dflash"))
-    e = BlockDrafter.load(str(tmp_path / "dflash"))
+    e = DFlashDrafter.load(str(tmp_path / "dflash"))
     assert e == d and e.name == "dflash" and e.num_params == d.num_params
     kw = dict(target=target, method="sd", max_new_tokens=8, num_speculative_tokens=3, seed=3, eos_id=[])
     assert smcsd.decode([[1, 2, 3]], draft=d, **kw).tokens == smcsd.decode([[1, 2, 3]], draft=e, **kw).tokens
@@ -176,14 +176,14 @@ def test_errors(tmp_path):
     with pytest.raises(ValueError, match="layers"):
         smcsd.decode([[1, 2]], target=shallow, draft=d, method="sd")
     with pytest.raises(ValueError, match="num_layers"):
-        BlockDrafter.create(target, num_layers=0)
+        DFlashDrafter.create(target, num_layers=0)
     with pytest.raises(ValueError, match="block_size"):
-        BlockDrafter.create(target, block_size=1)
+        DFlashDrafter.create(target, block_size=1)
     with pytest.raises(ValueError, match="no block drafter"):
-        BlockDrafter.load(str(tmp_path))
+        DFlashDrafter.load(str(tmp_path))
 
 
-# ----------------------------------------------------------------------------- training (smcsd/train/block.py)
+# ----------------------------------------------------------------------------- training (smcsd/train/dflash.py)
 
 def _byte_setup():
     from smcsd.models import ByteTokenizer, ModelConfig
@@ -203,7 +203,7 @@ def _byte_setup():
 def test_training_forward_matches_decode_reference():
     """Every anchored block of the training pass (shared context K/V, block-diagonal mask) has the logits of a
     single decode-time proposal at that anchor (the cache-free reference): training learns what decoding runs."""
-    from smcsd.train.block import block_train_logits, sample_anchors
+    from smcsd.train.dflash import block_train_logits, sample_anchors
     target = deep_target()
     d = block(target, block_size=4)
     rng = np.random.default_rng(1)
@@ -223,7 +223,7 @@ def test_training_forward_matches_decode_reference():
 
 
 def test_sample_anchors():
-    from smcsd.train.block import sample_anchors
+    from smcsd.train.dflash import sample_anchors
     a = sample_anchors(0, 3, 4, 32, 8)
     assert a.shape == (4, 8) and a.min() >= 1 and a.max() <= 30
     assert all(len(set(r)) == 8 for r in a.tolist())
@@ -241,14 +241,14 @@ def test_training_learns_the_target(tmp_path, weighting):
     the export loads back and drafts under `sd` with one drafter call per cycle."""
     from smcsd.train import train_block_drafter
     target, corpus = _byte_setup()
-    d = BlockDrafter.create(target, num_layers=1, block_size=4, seed=0)
+    d = DFlashDrafter.create(target, num_layers=1, block_size=4, seed=0)
     res = train_block_drafter(target, d, corpus, steps=60, weighting=weighting, lr=1e-2, num_anchors=6,
                               ce_weight=0.1, kl_weight=1.0, topk=16, eval_every=60, progress=False,
                               out=str(tmp_path / "dflash"))
     first, last = res.history["eval"][0], res.history["eval"][-1]
     assert last["accept_len"] > max(2 * first["accept_len"], first["accept_len"] + 0.08), (first, last)
     assert last["ce"] < first["ce"]
-    e = BlockDrafter.load(str(tmp_path / "dflash"))
+    e = DFlashDrafter.load(str(tmp_path / "dflash"))
     assert e.block_config == d.block_config
     out = smcsd.decode([[1, 2, 3]], target=target, draft=e, method="sd", num_speculative_tokens=3,
                        max_new_tokens=12, temperature=1.0, eos_id=[])
@@ -260,7 +260,7 @@ def test_training_resume_is_exact(tmp_path):
     """Stopped after 6 steps and resumed to 12: the same losses (anchors included) as 12 steps straight."""
     from smcsd.train import train_block_drafter
     target, corpus = _byte_setup()
-    d = BlockDrafter.create(target, num_layers=1, block_size=4, seed=0)
+    d = DFlashDrafter.create(target, num_layers=1, block_size=4, seed=0)
     kw = dict(steps=12, weighting="dpace", lr=1e-2, num_anchors=4, kl_weight=0.5, topk=8, progress=False,
               eval_every=100)
     full = train_block_drafter(target, d, corpus, **kw)
@@ -271,12 +271,12 @@ def test_training_resume_is_exact(tmp_path):
 
 def test_training_errors():
     from smcsd.train import train_block_drafter
-    from smcsd.train.block import block_loss
+    from smcsd.train.dflash import block_loss
     target, corpus = _byte_setup()
-    d = BlockDrafter.create(target, num_layers=1, block_size=4)
+    d = DFlashDrafter.create(target, num_layers=1, block_size=4)
     with pytest.raises(ValueError, match="weighting"):
         block_loss(d.block_config, "bogus")
-    with pytest.raises(TypeError, match="BlockDrafter"):
+    with pytest.raises(TypeError, match="DFlashDrafter"):
         train_block_drafter(target, target, corpus, steps=1)
     with pytest.raises(ValueError, match="num_anchors"):
         train_block_drafter(target, d, corpus, steps=1, num_anchors=40, progress=False)

@@ -1,4 +1,4 @@
-"""`MaskDrafter` (PARD / PARD-2, arXiv 2504.18583, 2605.08632): a small causal LM that drafts K tokens in one
+"""`PARD2Drafter` (PARD / PARD-2, arXiv 2504.18583, 2605.08632): a small causal LM that drafts K tokens in one
 forward by appending K−1 mask tokens to what it has been fed.
 
 propose: one forward over [pending tokens (1–2, the method's feed), MASK × (K−1)] at consecutive positions; the
@@ -36,8 +36,8 @@ FEATURE_SCALE = 0.02  # PARD-2's scale on the projected target features
 
 
 @dataclasses.dataclass(frozen=True, init=False)
-class MaskDrafter(Drafter):
-    """`MaskDrafter(model, extra, feature_layers=(), use_features=True)`: `model` a small `LanguageModel` on the
+class PARD2Drafter(Drafter):
+    """`PARD2Drafter(model, extra, feature_layers=(), use_features=True)`: `model` a small `LanguageModel` on the
     target's vocabulary, `extra` its PARD params: `mask_embedding [H]` and (dual mode) `feature_proj [n·H_T, H]`."""
 
     model_config: ModelConfig
@@ -52,9 +52,9 @@ class MaskDrafter(Drafter):
     def __init__(self, model: LanguageModel, extra: dict, feature_layers=(), use_features: bool = True,
                  name: str = "pard2"):
         if not isinstance(model, LanguageModel):
-            raise TypeError(f"MaskDrafter wraps a models.LanguageModel, got {type(model).__name__}")
+            raise TypeError(f"PARD2Drafter wraps a models.LanguageModel, got {type(model).__name__}")
         if not isinstance(extra, dict) or "mask_embedding" not in extra:
-            raise ValueError("MaskDrafter needs extra={'mask_embedding': [H], ...} (MaskDrafter.create makes one)")
+            raise ValueError("PARD2Drafter needs extra={'mask_embedding': [H], ...} (PARD2Drafter.create makes one)")
         layers = tuple(int(i) for i in feature_layers)
         if layers and "feature_proj" not in extra:
             raise ValueError("feature_layers are given but extra has no 'feature_proj'")
@@ -67,7 +67,7 @@ class MaskDrafter(Drafter):
 
     @classmethod
     def create(cls, model: LanguageModel, *, target=None, feature_layers=(), seed: int = 0,
-               name: str = "pard2") -> "MaskDrafter":
+               name: str = "pard2") -> "PARD2Drafter":
         """A mask drafter around `model` (e.g. a pair's AR draft) with a fresh mask embedding; with
         `feature_layers` (and the `target`, for its width) a zero-initialised feature projection (dual mode)."""
         H = model.config.hidden_size
@@ -82,17 +82,17 @@ class MaskDrafter(Drafter):
         return cls(model, extra, feature_layers, True, name)
 
     def __repr__(self):
-        return (f"MaskDrafter({self.name!r}, {self.model!r}, feature_layers={self.feature_layers}, "
+        return (f"PARD2Drafter({self.name!r}, {self.model!r}, feature_layers={self.feature_layers}, "
                 f"use_features={self.use_features})")
 
-    def with_features(self, on: bool) -> "MaskDrafter":
+    def with_features(self, on: bool) -> "PARD2Drafter":
         """The same drafter in dual (`on`) or target-independent mode."""
-        return MaskDrafter(self.model, self.extra, self.feature_layers, on, self.name)
+        return PARD2Drafter(self.model, self.extra, self.feature_layers, on, self.name)
 
-    def with_params(self, params: dict) -> "MaskDrafter":
+    def with_params(self, params: dict) -> "PARD2Drafter":
         """The same drafter with `params` = {"lm": ..., "mask_embedding": ..., ["feature_proj": ...]} (training)."""
         model = dataclasses.replace(self.model, params=params["lm"])
-        return MaskDrafter(model, {k: v for k, v in params.items() if k != "lm"}, self.feature_layers,
+        return PARD2Drafter(model, {k: v for k, v in params.items() if k != "lm"}, self.feature_layers,
                            self.use_features, self.name)
 
     def save(self, path: str, dtype: str = "float32", info: dict | None = None) -> None:
@@ -114,7 +114,7 @@ class MaskDrafter(Drafter):
             json.dump({"drafter": "pard2", "feature_layers": list(self.feature_layers)}, f, indent=2)
 
     @classmethod
-    def load(cls, path: str, dtype: str | None = None, name: str | None = None, tokenizer=None) -> "MaskDrafter":
+    def load(cls, path: str, dtype: str | None = None, name: str | None = None, tokenizer=None) -> "PARD2Drafter":
         import json
         import os
 
@@ -165,7 +165,7 @@ class MaskDrafter(Drafter):
     def calls_per_proposal(self, num_tokens: int) -> int:
         return 2  # the masked proposal, and observe's forward over the verified block
 
-    def bind(self, target) -> "MaskDrafter":
+    def bind(self, target) -> "PARD2Drafter":
         if self.vocab_size != target.config.vocab_size:
             raise ValueError(f"mask drafter and target vocabularies differ (drafter vocab_size={self.vocab_size}, "
                              f"target {target.config.vocab_size}); they must share one tokenizer")
@@ -269,4 +269,4 @@ def _prefill(config, params, prompt, prompt_len, cache_len, inputs):
     return logits[:, 0], cache
 
 
-__all__ = ["FEATURE_SCALE", "KVCache", "MaskDrafter"]
+__all__ = ["FEATURE_SCALE", "KVCache", "PARD2Drafter"]

@@ -1,4 +1,4 @@
-"""PARD-2's mask drafter (smcsd/drafters/mask.py): its proposal is one forward over [pending, MASK × (K−1)] whose
+"""PARD-2's mask drafter (smcsd/drafters/pard2.py): its proposal is one forward over [pending, MASK × (K−1)] whose
 positions follow the q it reports, `sd` / `sd-multi` with a random mask drafter reproduce the enumerated p_T (with
 and without target features), `smc`'s one-cycle law matches the finite-N SIR law with the dual-mode q, greedy `sd`
 equals `ar`, and bad input is refused clearly."""
@@ -15,7 +15,7 @@ import pytest
 import smcsd
 from smcsd.models import forward_full, init_model
 from smcsd.models.transformer import InputEdits
-from smcsd.drafters.mask import FEATURE_SCALE, MaskDrafter
+from smcsd.drafters.pard2 import FEATURE_SCALE, PARD2Drafter
 from smcsd.engine import _hidden_concat
 from toys import chi_square_pvalue, exact_distribution, sample_counts, tiny_config, tiny_pair, total_variation
 
@@ -28,12 +28,12 @@ def mask_drafter(target, features: bool, seed: int = 7):
     """A random mask drafter on the toy vocabulary; with `features` a random (non-zero) feature projection, so the
     target's hidden states really change its proposals."""
     model = init_model(tiny_config(V, hidden=8, heads=1), seed, init_std=0.8, name="toy-mask")
-    d = MaskDrafter.create(model, target=target, feature_layers=(0,) if features else (), seed=seed)
+    d = PARD2Drafter.create(model, target=target, feature_layers=(0,) if features else (), seed=seed)
     if features:
         rng = np.random.default_rng(seed)
         extra = {**d.extra, "feature_proj": jnp.asarray(rng.normal(0, 40.0, d.extra["feature_proj"].shape),
                                                         jnp.float32)}
-        d = MaskDrafter(model, extra, (0,), True)
+        d = PARD2Drafter(model, extra, (0,), True)
     return d
 
 
@@ -120,21 +120,21 @@ def test_greedy_sd_equals_ar(features):
 def test_errors():
     target, draft = tiny_pair(V, SEED)
     with pytest.raises(TypeError, match="LanguageModel"):
-        MaskDrafter("model", {})
+        PARD2Drafter("model", {})
     with pytest.raises(ValueError, match="mask_embedding"):
-        MaskDrafter(draft, {})
+        PARD2Drafter(draft, {})
     with pytest.raises(ValueError, match="needs the target"):
-        MaskDrafter.create(draft, feature_layers=(0,))
+        PARD2Drafter.create(draft, feature_layers=(0,))
     other = init_model(tiny_config(7), 0)
     with pytest.raises(ValueError, match="vocab"):
-        smcsd.decode([0, 1], target=target, draft=MaskDrafter.create(other), method="sd", max_new_tokens=2)
+        smcsd.decode([0, 1], target=target, draft=PARD2Drafter.create(other), method="sd", max_new_tokens=2)
     assert mask_drafter(target, True).with_features(False).hidden_layers == ()
 
 
 # ----------------------------------------------------------------------------- PARD-2 training pieces
 
 def test_cod_layout_groups_are_nested_and_attend_like_decoding():
-    from smcsd.train.mask import cod_layout
+    from smcsd.train.pard2 import cod_layout
     T, depth = 20, 4
     lay = cod_layout(0, 3, T, depth)
     a, d, vis = lay["anchor"], lay["depth"], lay["visible"]
@@ -156,7 +156,7 @@ def test_training_forward_matches_decode_proposal():
     a: training learns what `propose` runs (with target features too)."""
     from smcsd.drafters import initial_feed
     from smcsd.sampling import SamplingParams
-    from smcsd.train.mask import _forward, cod_layout
+    from smcsd.train.pard2 import _forward, cod_layout
     target, _ = tiny_pair(V, SEED)
     d = mask_drafter(target, True)
     T, depth = 10, 3
@@ -179,7 +179,7 @@ def test_training_forward_matches_decode_proposal():
 
 
 def test_cat_weights_are_the_target_probability_of_the_unseen_gold_tokens():
-    from smcsd.train.mask import _targets, cod_layout
+    from smcsd.train.pard2 import _targets, cod_layout
     T, depth = 6, 3
     tokens = jnp.asarray([[1, 2, 3, 4, 5, 0]], jnp.int32)
     rng = np.random.default_rng(0)

@@ -18,7 +18,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ..drafters.local import LocalHead, local_logits, run_gru, unigram_log_prior
+from ..drafters.dels import LocalHead, local_logits, run_gru, unigram_log_prior
 from .data import TextCorpus, params_fingerprint
 from .loop import placement, train
 
