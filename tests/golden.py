@@ -175,20 +175,34 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--check", action="store_true", help="compare with the stored file instead of writing it")
     ap.add_argument("--no-real", action="store_true", help="skip the SmolLM2 cases")
+    ap.add_argument("--only", nargs="+", metavar="TEXT", default=None,
+                    help="only the cases whose name contains one of these (e.g. sd-tree smollm2); writing then "
+                         "replaces just those cases in the stored file")
     args = ap.parse_args(argv)
     sys.path.insert(0, HERE)
     include_real = not args.no_real and real_available()
-    got = compute(include_real, verbose=True)
+    names = [n for n, *_ in cases(include_real)]
+    only = None
+    if args.only is not None:
+        only = {n for n in names if any(t in n for t in args.only)}
+        if not only:
+            ap.error(f"--only {' '.join(args.only)} matches no case (names look like {names[0]!r})")
+    got = compute(include_real, verbose=True, only=only)
     if args.check:
         with open(GOLDEN) as f:
             want = json.load(f)["cases"]
         if not include_real:
             want = {k: v for k, v in want.items() if not k.startswith("smollm2")}
+        if only is not None:
+            want = {k: v for k, v in want.items() if k in only}
         diffs = differences(want, got)
         print("\n".join(diffs) if diffs else f"golden: {len(got)} cases reproduced")
         return 1 if diffs else 0
     os.makedirs(os.path.dirname(GOLDEN), exist_ok=True)
     import jax
+    if only is not None:  # replace just these cases
+        with open(GOLDEN) as f:
+            got = {**json.load(f)["cases"], **got}
     with open(GOLDEN, "w") as f:
         json.dump({"setting": SETTING, "prompts": PROMPTS, "jax": jax.__version__, "backend": jax.default_backend(),
                    "cases": got}, f, indent=0)
