@@ -43,7 +43,8 @@ from smcsd.models.transformer import layers_unstacked
 from .engine import MethodDef, StaticSpec, register_method
 from .sampling import process_logits, sample
 from .engine import is_stop
-from .sd import _State, _finish_cycle, _sample_probs, _take, accept_test, residual
+from .sd import _State, _finish_cycle
+from .verify import chain_accept, sample_probs
 
 
 def cumulative_confidence(dlq):
@@ -107,14 +108,8 @@ def _pad_to(x, n, axis=1):
 def _accept(key_u, key_c, p, q, x, L):
     """sd's rejection sampling of drafts `x [B, K]` (q `[B, K, V]`) against p `[B, K+1, V]`, only the first `L[r]`
     drafts tried: (accepted n [B], correction / bonus token [B])."""
-    B, K = x.shape
-    u = jax.random.uniform(key_u, (B, K))
-    ok = accept_test(u, _take(p[:, :K], x), _take(q, x)) & (jnp.arange(K)[None, :] < L[:, None])
-    n_acc = jnp.sum(jnp.cumprod(ok.astype(jnp.int32), axis=1), axis=1)
-    q_pad = jnp.concatenate([q, jnp.zeros_like(q[:, :1])], axis=1)
-    p_n = jnp.take_along_axis(p, n_acc[:, None, None], axis=1)[:, 0]
-    q_n = jnp.where((n_acc < L)[:, None], jnp.take_along_axis(q_pad, n_acc[:, None, None], axis=1)[:, 0], 0.0)
-    return n_acc, _sample_probs(key_c, residual(p_n, q_n))
+    n_acc, r = chain_accept(p, q, x, jax.random.uniform(key_u, x.shape), lengths=L)
+    return n_acc, sample_probs(key_c, r)
 
 
 def build_flex(target_cfg, drafter, spec: StaticSpec):

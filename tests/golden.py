@@ -13,6 +13,7 @@ a refactoring may legitimately reorder a reduction).
 from __future__ import annotations
 
 import argparse
+import fnmatch
 import json
 import math
 import os
@@ -175,15 +176,25 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--check", action="store_true", help="compare with the stored file instead of writing it")
     ap.add_argument("--no-real", action="store_true", help="skip the SmolLM2 cases")
+    ap.add_argument("--only", nargs="+", metavar="PATTERN",
+                    help="with --check: only the cases whose name matches one of these shell patterns "
+                         "(e.g. '*/sd-tree' 'tiny-code/*'), for a quick look at the methods a change touches")
     args = ap.parse_args(argv)
+    if args.only and not args.check:
+        ap.error("--only needs --check (the written file holds every case)")
     sys.path.insert(0, HERE)
     include_real = not args.no_real and real_available()
-    got = compute(include_real, verbose=True)
+    only = None
+    if args.only:
+        only = {n for n, *_ in cases(include_real) if any(fnmatch.fnmatchcase(n, pat) for pat in args.only)}
+    got = compute(include_real, verbose=True, only=only)
     if args.check:
         with open(GOLDEN) as f:
             want = json.load(f)["cases"]
         if not include_real:
             want = {k: v for k, v in want.items() if not k.startswith("smollm2")}
+        if only is not None:
+            want = {k: v for k, v in want.items() if k in only}
         diffs = differences(want, got)
         print("\n".join(diffs) if diffs else f"golden: {len(got)} cases reproduced")
         return 1 if diffs else 0
