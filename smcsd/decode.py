@@ -414,8 +414,8 @@ def prepare(
         max_new_tokens=jnp.asarray(max_new_tokens, jnp.int32), stop_ids=jnp.asarray(stop_arr),
         ess_threshold=jnp.asarray(ess_threshold, jnp.float32), alpha=jnp.asarray(alpha, jnp.float32))
     if method == "sd-overlap":  # two device groups (smcsd/overlap.py), each placed by the runner
-        from .overlap import _as_meshes
-        mesh = _as_meshes(mesh, (B + 1) // 2, draft)
+        from .overlap import as_meshes
+        mesh = as_meshes(mesh, (B + 1) // 2, draft)
         one = [m.devices.size == 1 for m in mesh]  # per-layer buffers on one device, stacked to shard on several
         draft_params = draft.drafter_params() if one[1] or not isinstance(draft, ARDrafter) else draft.model.params
         args = (target.decode_params() if one[0] else target.params, draft_params, inputs)

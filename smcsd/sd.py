@@ -35,7 +35,9 @@ from .verify import chain_accept, rrs_walk, sample_probs
 
 # ----------------------------------------------------------------------------- shared loop pieces
 
-class _State(NamedTuple):
+class SDState(NamedTuple):
+    """The loop state of the chain methods (`sd`, `sd-multi`, `sd-tree`; `flex` and `sd-overlap` reuse it)."""
+
     target_cache: KVCache
     draft_state: Any  # the drafter's state (a KVCache for ARDrafter)
     tok: jax.Array  # int32[B]: pending token x0 (emitted, not yet in the target cache)
@@ -68,13 +70,13 @@ def start_drafting(target_cfg, drafter, target_params, draft_params, inp: Progra
     return last, tcache, dstate
 
 
-def _start(target_cfg, drafter, target_params, draft_params, inp: ProgramInputs, spec: StaticSpec, rows: int):
+def start(target_cfg, drafter, target_params, draft_params, inp: ProgramInputs, spec: StaticSpec, rows: int):
     """Prefill the target and the drafter (`rows` rows per request) and sample the first token per request."""
     last, tcache, dcache = start_drafting(target_cfg, drafter, target_params, draft_params, inp, spec, rows)
     return initial_state(inp, spec, last, tcache, dcache, rows)
 
 
-def initial_state(inp: ProgramInputs, spec: StaticSpec, last, tcache, dstate, rows: int = 1) -> _State:
+def initial_state(inp: ProgramInputs, spec: StaticSpec, last, tcache, dstate, rows: int = 1) -> SDState:
     """The loop's first state after the prefill: the first token per request sampled from the prefill's last logits
     `last [B*rows, V]` with `inp.key`, outputs, feeds and zeroed counters."""
     B, K = spec.batch, spec.num_speculative_tokens
@@ -85,11 +87,11 @@ def initial_state(inp: ProgramInputs, spec: StaticSpec, last, tcache, dstate, ro
     done = is_stop(tok, inp.stop_ids) | (n >= inp.max_new_tokens)
     feed, feed_count = initial_feed(tok)
     zero = jnp.int32(0)
-    return _State(tcache, dstate, tok, feed, feed_count, out, n, done, key, zero, jnp.zeros((B,), jnp.int32),
+    return SDState(tcache, dstate, tok, feed, feed_count, out, n, done, key, zero, jnp.zeros((B,), jnp.int32),
                   zero, zero, jnp.zeros((K,), jnp.int32))
 
 
-def _finish_cycle(s: _State, inp: ProgramInputs, K: int, n_acc, path, c, tlen_before, dlen_before):
+def finish_cycle(s: SDState, inp: ProgramInputs, K: int, n_acc, path, c, tlen_before, dlen_before):
     """Emit path[:n] + [c] for live rows (clipped to max_new_tokens and the first stop token), update
     pending token / feed / done / stats. Returns (state without caches updated, new target lengths,
     new draft lengths), all per request."""
@@ -122,7 +124,8 @@ def _finish_cycle(s: _State, inp: ProgramInputs, K: int, n_acc, path, c, tlen_be
     return s, tlen, dlen
 
 
-def _result(s: _State, K: int, drafter):
+def program_result(s: SDState, K: int, drafter):
+    """The program's output dict (tokens, lengths, stats) from the final state, as `decode` unpacks it."""
     return {"tokens": s.out, "lengths": s.n,
             "stats": {"num_target_calls": s.calls, "live_calls": s.live_calls,
                       "num_draft_calls": drafter.calls_per_proposal(K) * s.calls,  # batched drafter calls
@@ -156,9 +159,9 @@ def build_sd(target_cfg, drafter, spec: StaticSpec):
     drafter = as_drafter(drafter)
 
     def program(target_params, draft_params, inp: ProgramInputs):
-        state = _start(target_cfg, drafter, target_params, draft_params, inp, spec, rows=1)
+        state = start(target_cfg, drafter, target_params, draft_params, inp, spec, rows=1)
 
-        def body(s: _State) -> _State:
+        def body(s: SDState) -> SDState:
             key, k_draft, k_accept, k_corr = jax.random.split(s.key, 4)
             live = ~s.done
             tlen_before, dlen_before = s.target_cache.lengths, drafter.lengths(s.draft_state)
@@ -169,7 +172,7 @@ def build_sd(target_cfg, drafter, spec: StaticSpec):
                                                                  drafter.hidden_layers)
 
             s = s._replace(key=key)
-            s, tlen, dlen = _finish_cycle(s, inp, K, n_acc, x, c, tlen_before, dlen_before)
+            s, tlen, dlen = finish_cycle(s, inp, K, n_acc, x, c, tlen_before, dlen_before)
             dstate = drafter.observe(draft_params, prop.state, block, hidden, tlen_before,
                                      jnp.where(live, n_acc + 1, 0))
             if drafter.learns_online:  # opt-in online adaptation (SpecBlock's OnlineAdapt)
@@ -177,7 +180,7 @@ def build_sd(target_cfg, drafter, spec: StaticSpec):
             return s._replace(target_cache=tcache.set_lengths(tlen), draft_state=drafter.set_lengths(dstate, dlen))
 
         state = jax.lax.while_loop(lambda s: ~jnp.all(s.done), body, state)
-        return _result(state, K, drafter)
+        return program_result(state, K, drafter)
 
     return program
 
@@ -192,9 +195,9 @@ def build_sd_multi(target_cfg, drafter, spec: StaticSpec):
     drafter = as_drafter(drafter)
 
     def program(target_params, draft_params, inp: ProgramInputs):
-        state = _start(target_cfg, drafter, target_params, draft_params, inp, spec, rows=N)
+        state = start(target_cfg, drafter, target_params, draft_params, inp, spec, rows=N)
 
-        def body(s: _State) -> _State:
+        def body(s: SDState) -> SDState:
             key, k_draft, k_accept, k_corr = jax.random.split(s.key, 4)
             live = ~s.done
             tlen_before, dlen_before = s.target_cache.lengths[::N], drafter.lengths(s.draft_state)[::N]
@@ -214,7 +217,7 @@ def build_sd_multi(target_cfg, drafter, spec: StaticSpec):
             s = s._replace(key=key)
             # num_drafts counts one draft *tree* per live request per cycle (not N), so
             # mean_acceptance_length = 1 + accepted / num_drafts compares directly with `sd`.
-            s, tlen, dlen = _finish_cycle(s, inp, K, n_acc, path, c, tlen_before, dlen_before)
+            s, tlen, dlen = finish_cycle(s, inp, K, n_acc, path, c, tlen_before, dlen_before)
             # Every row of a request <- its winner. The rows share all slots before this cycle's
             # writes, so only the K+1 slots written this cycle are copied, not whole cache rows.
             rows = jnp.repeat(jnp.arange(B) * N + winner, N)
@@ -226,17 +229,17 @@ def build_sd_multi(target_cfg, drafter, spec: StaticSpec):
             return s._replace(target_cache=tcache, draft_state=drafter.set_lengths(dstate, jnp.repeat(dlen, N)))
 
         state = jax.lax.while_loop(lambda s: ~jnp.all(s.done), body, state)
-        return _result(state, K, drafter)
+        return program_result(state, K, drafter)
 
     return program
 
 
-def _headroom(num_speculative_tokens, num_particles):
+def headroom(num_speculative_tokens, num_particles):
     """A cycle writes K+1 target tokens (and emits up to K+1) past a live row's position."""
     del num_particles
     return num_speculative_tokens + 1
 
 
-SD = register_method(MethodDef(name="sd", build=build_sd, needs_draft=True, headroom=_headroom))
-SD_MULTI = register_method(MethodDef(name="sd-multi", build=build_sd_multi, needs_draft=True, headroom=_headroom,
+SD = register_method(MethodDef(name="sd", build=build_sd, needs_draft=True, headroom=headroom))
+SD_MULTI = register_method(MethodDef(name="sd-multi", build=build_sd_multi, needs_draft=True, headroom=headroom,
                                            uses_particles=True))

@@ -23,8 +23,8 @@ from smcsd.models import ancestor_mask, forward_tree
 
 from .drafters import as_drafter
 from .engine import MethodDef, StaticSpec, register_method
-from .engine import _hidden_concat
-from .sd import _finish_cycle, _start
+from .engine import hidden_concat
+from .sd import finish_cycle, start
 from .verify import sample_probs, tree_walk
 
 
@@ -36,7 +36,7 @@ def build_sd_tree(target_cfg, drafter, spec: StaticSpec):
     hl = drafter.hidden_layers
 
     def program(target_params, draft_params, inp):
-        state = _start(target_cfg, drafter, target_params, draft_params, inp, spec, rows=1)
+        state = start(target_cfg, drafter, target_params, draft_params, inp, spec, rows=1)
 
         def body(s):
             key, k_draft, k_accept, k_corr = jax.random.split(s.key, 4)
@@ -58,13 +58,13 @@ def build_sd_tree(target_cfg, drafter, spec: StaticSpec):
             c = sample_probs(k_corr, r_final)
 
             s = s._replace(key=key)
-            s, tlen, dlen = _finish_cycle(s, inp, D, n_acc, path, c, tlen_before, dlen_before)
+            s, tlen, dlen = finish_cycle(s, inp, D, n_acc, path, c, tlen_before, dlen_before)
             moved = jnp.where(live, n_acc, 0)
             tcache = tcache.compact(tlen_before + 1, path_idx, moved).set_lengths(tlen)
             dstate = drafter.compact(prop.state, tlen_before + 1, path_idx, moved)
             hidden = None
             if hl:  # the target's hidden states along the accepted path: root, then its nodes
-                h = _hidden_concat(out[2])
+                h = hidden_concat(out[2])
                 pos = jnp.concatenate([jnp.zeros((B, 1), jnp.int32), path_idx + 1], axis=1)
                 hidden = jnp.take_along_axis(h, pos[:, :, None], axis=1)
             dstate = drafter.observe(draft_params, dstate, jnp.concatenate([block[:, :1], path], axis=1),

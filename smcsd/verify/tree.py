@@ -1,13 +1,13 @@
 """The tree walk: exact acceptance down a token tree, depth by depth (`sd-tree`).
 
 At the accepted node of depth d (first the root x_0) the residual r starts as the target's processed p there; the
-candidates of depth d+1 are tried in index order — accept x w.p. min(1, r(x)/q_i(x)), else r <- norm(max(0, r − q_i))
-— with q_i the candidate's *trial distribution* (q for i.i.d. children, q without the earlier siblings for children
-drawn without replacement, a point mass for deterministic top-k children; smcsd/drafters/tree.py). When every
-candidate fails, the correction token is drawn from r; below an accepted leaf the bonus token from p. Each step
-outputs exactly p whatever the candidates were (SpecInfer's multi-round rejection sampling, Miao et al. 2023; Jeon et
-al. 2024 for the without-replacement rule), so the output law is `ar`'s; at temperature 0 p is a point mass and the
-output is `ar`'s greedy tokens.
+candidates of depth d+1 are tried in index order — accept x w.p. min(1, r(x)/q_i(x)), else r <- norm(max(0, r −
+q_i)) — with q_i the candidate's *trial distribution* (q for i.i.d. children, q without the earlier siblings for
+children drawn without replacement, a point mass for deterministic top-k children; smcsd/drafters/tree.py). When
+every candidate fails, the correction token is drawn from r; below an accepted leaf the bonus token from p. Each
+step outputs exactly p whatever the candidates were (SpecInfer's multi-round rejection sampling, Miao et al. 2023;
+Jeon et al. 2024 for the without-replacement rule), so the output law is `ar`'s; at temperature 0 p is a point mass
+and the output is `ar`'s greedy tokens.
 
 Equal tokens merge: after accepting x at depth d, *every* candidate node holding x stays alive, and the next
 candidates are the children of all of them (their contexts are the same token path, so p and the drafts' laws
