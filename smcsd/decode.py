@@ -17,7 +17,7 @@ from smcsd.models import LanguageModel
 
 from . import defaults as _defaults
 from . import sampling as _sampling
-from .drafters import ARDrafter, Drafter, as_drafter
+from .drafters import Drafter, as_drafter
 from .engine import METHODS, MethodDef, ProgramInputs, StaticSpec, bucket, compiled_program
 from .stats import DecodeResult, DecodeStats, finish_stats
 
@@ -288,7 +288,7 @@ def prepare(
     elif method == "smc" and draft is None:  # the pair's proposal trained for SMC, when it ships one
         target, draft = _pair_drafter(target, SMC_PROPOSAL) or (target, draft)
     target, draft = _resolve_models(target, draft)
-    _warn_half_precision_on_cpu(target, draft.model if isinstance(draft, ARDrafter) else None)
+    _warn_half_precision_on_cpu(target, draft.language_model if draft is not None else None)
     if method is not None and (not isinstance(method, str) or method not in METHODS):
         raise ValueError(f"unknown method {method!r}; choose one of: {', '.join(sorted(METHODS))}")
     choice = _defaults.choose(target, draft, method)  # the pair's measured defaults (smcsd/defaults.py)
@@ -417,14 +417,12 @@ def prepare(
         from .overlap import as_meshes
         mesh = as_meshes(mesh, (B + 1) // 2, draft)
         one = [m.devices.size == 1 for m in mesh]  # per-layer buffers on one device, stacked to shard on several
-        draft_params = draft.drafter_params() if one[1] or not isinstance(draft, ARDrafter) else draft.model.params
+        draft_params = draft.drafter_params() if one[1] else draft.sharded_params()
         args = (target.decode_params() if one[0] else target.params, draft_params, inputs)
     elif mesh is None:  # per-layer weight buffers on CPU (LanguageModel.decode_params)
         args = (target.decode_params(), draft.drafter_params() if draft is not None else None, inputs)
     else:  # validate against the batch, put params/inputs on the mesh (smcsd/mesh.py)
-        draft_params = None
-        if draft is not None:
-            draft_params = draft.model.params if isinstance(draft, ARDrafter) else draft.drafter_params()
+        draft_params = draft.sharded_params() if draft is not None else None
         from .mesh import place_args
         mesh, args = place_args(mesh, spec, target.config, getattr(draft, "config", None),
                                 (target.params, draft_params, inputs))

@@ -175,8 +175,7 @@ def build_sd(target_cfg, drafter, spec: StaticSpec):
             s, tlen, dlen = finish_cycle(s, inp, K, n_acc, x, c, tlen_before, dlen_before)
             dstate = drafter.observe(draft_params, prop.state, block, hidden, tlen_before,
                                      jnp.where(live, n_acc + 1, 0))
-            if drafter.learns_online:  # opt-in online adaptation (SpecBlock's OnlineAdapt)
-                dstate = drafter.feedback(dstate, p, q, n_acc, live)
+            dstate = drafter.feedback(dstate, p, q, n_acc, live)  # online adaptation, for drafters that learn
             return s._replace(target_cache=tcache.set_lengths(tlen), draft_state=drafter.set_lengths(dstate, dlen))
 
         state = jax.lax.while_loop(lambda s: ~jnp.all(s.done), body, state)
