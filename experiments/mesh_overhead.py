@@ -186,8 +186,8 @@ def main(argv=None):
                else first.tokens == rows[0]["_tokens"]}
         if shape is not None:
             # engine.compiled_program's cache key: (method, target config, drafter, spec, layout[, mesh])
-            key = [k for k in engine._COMPILED if k[0] == args.method and len(k) == 6 and k[5] == mesh][-1]
-            row["collectives"] = loop_collectives(engine._COMPILED[key].as_text())
+            key = [k for k in engine.compiled_programs() if k[0] == args.method and len(k) == 6 and k[5] == mesh][-1]
+            row["collectives"] = loop_collectives(engine.compiled_programs()[key].as_text())
         row["_tokens"] = first.tokens
         rows.append(row)
         print(f"  {row['mesh']}: {tps:.1f} tok/s", file=sys.stderr, flush=True)

@@ -53,15 +53,15 @@ from experiments import report  # noqa: E402
 
 def measure_transfer(meshes, rows: int, K: int, V: int, hidden: int, repeats: int = 5) -> float:
     """Seconds to copy one proposal drafter -> target and one observation target -> drafter for `rows` rows."""
-    from smcsd.overlap import _place_rows
-    prop = _place_rows(meshes.drafter, (jnp.zeros((rows, K), jnp.int32), jnp.zeros((rows, K, V), jnp.float32)))
-    obs = _place_rows(meshes.target, (jnp.zeros((rows, K + 1), jnp.int32), jnp.zeros((rows, 6), jnp.int32))
+    from smcsd.overlap import place_rows
+    prop = place_rows(meshes.drafter, (jnp.zeros((rows, K), jnp.int32), jnp.zeros((rows, K, V), jnp.float32)))
+    obs = place_rows(meshes.target, (jnp.zeros((rows, K + 1), jnp.int32), jnp.zeros((rows, 6), jnp.int32))
                       + ((jnp.zeros((rows, K + 1, hidden), jnp.float32),) if hidden else ()))
     jax.block_until_ready((prop, obs))
     times = []
     for _ in range(repeats + 1):
         start = time.perf_counter()
-        jax.block_until_ready((_place_rows(meshes.target, prop), _place_rows(meshes.drafter, obs)))
+        jax.block_until_ready((place_rows(meshes.target, prop), place_rows(meshes.drafter, obs)))
         times.append(time.perf_counter() - start)
     return float(np.median(times[1:]))
 

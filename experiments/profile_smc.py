@@ -59,7 +59,7 @@ def profile_cell(target, drafter, prompt_ids, n, k, temperature, max_new, warm_c
     from smcsd.decode import prepare
     from smcsd.engine import verify_call
     from smcsd.sampling import process_logits, sample
-    from smcsd.smc import _increment, _take_rows, prefix_sharing, program_parts
+    from smcsd.smc import weight_increment, take_rows, prefix_sharing, program_parts
 
     kw = dict(target=target, draft=drafter, method="smc", num_particles=n, num_speculative_tokens=k,
               temperature=temperature, max_new_tokens=max_new, eos_id=[], seed=1)
@@ -88,7 +88,7 @@ def profile_cell(target, drafter, prompt_ids, n, k, temperature, max_new, warm_c
             bonus = sample(key, logp[:, k])
             lp = jnp.take_along_axis(logp[:, :k], x[..., None], axis=-1)[..., 0]
             lq = jnp.take_along_axis(logq, x[..., None], axis=-1)[..., 0]
-            return bonus, jnp.sum(_increment(lp, lq, inp.alpha), axis=1)
+            return bonus, jnp.sum(weight_increment(lp, lq, inp.alpha), axis=1)
 
         vocab = jax.jit(vocab_fn)
         observe = jax.jit(lambda dp, ds, block, hidden, start: d.observe(dp, ds, block, hidden, start,
@@ -96,7 +96,7 @@ def profile_cell(target, drafter, prompt_ids, n, k, temperature, max_new, warm_c
         from smcsd.models import KVCache
         moved = (state.cache_t, state.feed, state.feed_count, state.pending, state.out, state.n, state.done)
         anc = (jnp.arange(R, dtype=jnp.int32) // n) * n  # every particle takes its request's first: all rows move
-        resample = jax.jit(lambda m, dstate, a: (jax.tree_util.tree_map(lambda x: _take_rows(x, a), m,
+        resample = jax.jit(lambda m, dstate, a: (jax.tree_util.tree_map(lambda x: take_rows(x, a), m,
                                                                          is_leaf=lambda x: isinstance(x, KVCache)),
                                                   d.gather(dstate, a)))
         parts = {

@@ -17,7 +17,7 @@ from smcsd.models import LanguageModel
 
 from . import defaults as _defaults
 from . import sampling as _sampling
-from .drafters import ARDrafter, Drafter, as_drafter
+from .drafters import Drafter, as_drafter
 from .engine import METHODS, MethodDef, ProgramInputs, StaticSpec, bucket, compiled_program
 from .stats import DecodeResult, DecodeStats, finish_stats
 
@@ -220,7 +220,31 @@ class Prepared(NamedTuple):
     mesh: object
 
 
-def decode(prompt=None, **kwargs) -> DecodeResult:
+def decode(
+    prompt=None,
+    *,
+    messages=None,
+    target: LanguageModel | None = None,
+    draft: LanguageModel | Drafter | None = None,
+    method: str | None = None,
+    max_new_tokens: int = 64,
+    temperature: float = 1.0,
+    top_k: int = 0,
+    top_p: float = 1.0,
+    seed: int = 0,
+    eos_id: int | Sequence[int] | None = None,
+    num_speculative_tokens: int | None = None,
+    num_particles: int | None = None,
+    draft_temperature: float | None = None,
+    ess_threshold: float = 0.5,
+    resampler: str = "systematic",
+    alpha: float = 1.0,
+    select: str = "sample",
+    return_particles: bool = False,
+    tree=None,
+    mesh=None,
+    **unexpected,
+) -> DecodeResult:
     """Decode `max_new_tokens` (or until a stop token) for each request with `method`.
 
     prompt: a string, a list of strings, a list of token ids (one request) or a list of lists.
@@ -240,14 +264,23 @@ def decode(prompt=None, **kwargs) -> DecodeResult:
     (`smcsd.defaults.default_tree`) with depth num_speculative_tokens.
     mesh: a `jax.sharding.Mesh` with axes ("data", "model") (`smcsd.make_mesh`): requests x particles
     sharded over "data" (it must divide the number of requests), weights over "model"; see smcsd/mesh.py.
-    Every keyword is `prepare`'s. Returns a `DecodeResult` with the new tokens per request (in request order),
-    texts, and stats.
+    max_new_tokens, seed: tokens to generate per request (at most), and the PRNG seed. num_speculative_tokens (K),
+    num_particles (N): the draft length per cycle and sd-multi's drafts / smc's particles (default: as `method`).
+    ess_threshold, resampler, alpha, select, return_particles: smc's resampling threshold (ESS < τ·N), scheme
+    (`smcsd.resample`), target exponent p_T^α, output particle (`sample` ∝ weight or `argmax`), and whether to
+    return every particle and its log-weight (docs/methods.md).
+    A misspelled keyword raises a TypeError that lists the valid ones. `prepare` takes the same keywords and
+    returns the laid-out call without running it. Returns a `DecodeResult` with the new tokens per request (in
+    request order), texts, and stats.
     """
-    unknown = sorted(set(kwargs) - set(_KEYWORDS))
-    if unknown:
-        raise TypeError(f"decode() got unexpected keyword argument(s) {', '.join(unknown)}; valid ones: "
+    if unexpected:  # there only to list the valid keywords when one is misspelled (num_particle=)
+        raise TypeError(f"decode() got unexpected keyword argument(s) {', '.join(sorted(unexpected))}; valid ones: "
                         f"{', '.join(_KEYWORDS)}")
-    p = prepare(prompt, **kwargs)
+    p = prepare(prompt, messages=messages, target=target, draft=draft, method=method, max_new_tokens=max_new_tokens,
+                temperature=temperature, top_k=top_k, top_p=top_p, seed=seed, eos_id=eos_id,
+                num_speculative_tokens=num_speculative_tokens, num_particles=num_particles,
+                draft_temperature=draft_temperature, ess_threshold=ess_threshold, resampler=resampler, alpha=alpha,
+                select=select, return_particles=return_particles, tree=tree, mesh=mesh)
     program, compile_s = compiled_program(p.method, p.target.config, p.draft, p.spec, p.args, mesh=p.mesh)
     start = time.perf_counter()
     raw = program(*p.args)
@@ -288,7 +321,7 @@ def prepare(
     elif method == "smc" and draft is None:  # the pair's proposal trained for SMC, when it ships one
         target, draft = _pair_drafter(target, SMC_PROPOSAL) or (target, draft)
     target, draft = _resolve_models(target, draft)
-    _warn_half_precision_on_cpu(target, draft.model if isinstance(draft, ARDrafter) else None)
+    _warn_half_precision_on_cpu(target, draft.language_model if draft is not None else None)
     if method is not None and (not isinstance(method, str) or method not in METHODS):
         raise ValueError(f"unknown method {method!r}; choose one of: {', '.join(sorted(METHODS))}")
     choice = _defaults.choose(target, draft, method)  # the pair's measured defaults (smcsd/defaults.py)
@@ -414,17 +447,15 @@ def prepare(
         max_new_tokens=jnp.asarray(max_new_tokens, jnp.int32), stop_ids=jnp.asarray(stop_arr),
         ess_threshold=jnp.asarray(ess_threshold, jnp.float32), alpha=jnp.asarray(alpha, jnp.float32))
     if method == "sd-overlap":  # two device groups (smcsd/overlap.py), each placed by the runner
-        from .overlap import _as_meshes
-        mesh = _as_meshes(mesh, (B + 1) // 2, draft)
+        from .overlap import as_meshes
+        mesh = as_meshes(mesh, (B + 1) // 2, draft)
         one = [m.devices.size == 1 for m in mesh]  # per-layer buffers on one device, stacked to shard on several
-        draft_params = draft.drafter_params() if one[1] or not isinstance(draft, ARDrafter) else draft.model.params
+        draft_params = draft.drafter_params() if one[1] else draft.sharded_params()
         args = (target.decode_params() if one[0] else target.params, draft_params, inputs)
     elif mesh is None:  # per-layer weight buffers on CPU (LanguageModel.decode_params)
         args = (target.decode_params(), draft.drafter_params() if draft is not None else None, inputs)
     else:  # validate against the batch, put params/inputs on the mesh (smcsd/mesh.py)
-        draft_params = None
-        if draft is not None:
-            draft_params = draft.model.params if isinstance(draft, ARDrafter) else draft.drafter_params()
+        draft_params = draft.sharded_params() if draft is not None else None
         from .mesh import place_args
         mesh, args = place_args(mesh, spec, target.config, getattr(draft, "config", None),
                                 (target.params, draft_params, inputs))
@@ -457,7 +488,6 @@ def _unpack(raw, spec: StaticSpec, target: LanguageModel, compile_s: float, wall
     return DecodeResult(tokens=tokens, texts=texts, stats=stats, particles=particles, log_weights=log_weights)
 
 
-decode.__signature__ = inspect.signature(prepare).replace(return_annotation=DecodeResult)  # help(), IDEs
 _KEYWORDS = tuple(inspect.signature(prepare).parameters)[1:]  # decode's keywords (all but prompt)
 
 

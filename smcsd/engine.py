@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from typing import Callable, NamedTuple
+import types
+from typing import Callable, Mapping, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -119,6 +120,13 @@ def compiled_program(method: MethodDef, target_cfg: ModelConfig, drafter, spec: 
     return compiled, elapsed
 
 
+def compiled_programs() -> Mapping:
+    """A read-only view of the compile cache: key (method name, target config, drafter, StaticSpec, params layout[,
+    mesh]) -> the compiled program (a `jax.stages.Compiled`, or a runner for methods that are not one program), for
+    tools that inspect what was compiled (the collectives of a sharded program: tests/mesh_check.py)."""
+    return types.MappingProxyType(_COMPILED)
+
+
 def clear_compile_cache() -> None:
     _COMPILED.clear()
 
@@ -161,7 +169,7 @@ def prefill(config: ModelConfig, params, prompt, prompt_len, cache_len: int, row
     if rows_per_prompt > 1:
         last = jnp.repeat(last, rows_per_prompt, axis=0)
     if hidden_layers:
-        return last, cache, _hidden_concat(out[2])
+        return last, cache, hidden_concat(out[2])
     return last, cache
 
 
@@ -169,10 +177,10 @@ def verify_call(config: ModelConfig, params, block, cache: KVCache, num_valid=No
     """The target's verification forward over `block [R, T]`: `(logits [R, T, V], cache', hidden)` with
     `hidden [R, T, len(hidden_layers) * D]` from the same forward (None when no layers are asked for)."""
     out = forward_cached(config, params, block, cache, num_valid=num_valid, hidden_layers=hidden_layers)
-    return out[0], out[1], (_hidden_concat(out[2]) if hidden_layers else None)
+    return out[0], out[1], (hidden_concat(out[2]) if hidden_layers else None)
 
 
-def _hidden_concat(hidden):
+def hidden_concat(hidden):
     """`[L, R, T, D]` (what the models return) -> `[R, T, L*D]` (what drafters read)."""
     L, R, T, D = hidden.shape
     return jnp.transpose(hidden, (1, 2, 0, 3)).reshape(R, T, L * D)
@@ -206,5 +214,6 @@ def split_key(key, num: int = 2):
     return jax.random.split(key, num)
 
 
-__all__ = ["KVCache", "METHODS", "MethodDef", "ProgramInputs", "StaticSpec", "bucket", "compiled_program",
-           "first_stop_count", "is_stop", "prefill", "register_method", "verify_call", "write_tokens"]
+__all__ = ["KVCache", "METHODS", "MethodDef", "ProgramInputs", "StaticSpec", "bucket", "clear_compile_cache",
+           "compiled_program", "compiled_programs", "first_stop_count", "hidden_concat", "is_stop", "prefill",
+           "register_method", "release_programs", "verify_call", "write_tokens"]

@@ -43,7 +43,8 @@ from smcsd.models.transformer import layers_unstacked
 from .engine import MethodDef, StaticSpec, register_method
 from .sampling import process_logits, sample
 from .engine import is_stop
-from .sd import _State, _finish_cycle, _sample_probs, _take, accept_test, residual
+from .sd import SDState, finish_cycle
+from .verify import chain_accept, sample_probs
 
 
 def cumulative_confidence(dlq):
@@ -92,7 +93,7 @@ def verify_widths(K: int) -> tuple[int, ...]:
     return tuple(widths) + (K,)
 
 
-def _width_index(L, live, widths):
+def width_index(L, live, widths):
     """Index into `widths` of the narrowest width holding every live row's L (0 when no row is live)."""
     need = jnp.max(jnp.where(live, L, 0))
     return jnp.sum(jnp.asarray(widths, jnp.int32) < need).astype(jnp.int32)
@@ -107,14 +108,8 @@ def _pad_to(x, n, axis=1):
 def _accept(key_u, key_c, p, q, x, L):
     """sd's rejection sampling of drafts `x [B, K]` (q `[B, K, V]`) against p `[B, K+1, V]`, only the first `L[r]`
     drafts tried: (accepted n [B], correction / bonus token [B])."""
-    B, K = x.shape
-    u = jax.random.uniform(key_u, (B, K))
-    ok = accept_test(u, _take(p[:, :K], x), _take(q, x)) & (jnp.arange(K)[None, :] < L[:, None])
-    n_acc = jnp.sum(jnp.cumprod(ok.astype(jnp.int32), axis=1), axis=1)
-    q_pad = jnp.concatenate([q, jnp.zeros_like(q[:, :1])], axis=1)
-    p_n = jnp.take_along_axis(p, n_acc[:, None, None], axis=1)[:, 0]
-    q_n = jnp.where((n_acc < L)[:, None], jnp.take_along_axis(q_pad, n_acc[:, None, None], axis=1)[:, 0], 0.0)
-    return n_acc, _sample_probs(key_c, residual(p_n, q_n))
+    n_acc, r = chain_accept(p, q, x, jax.random.uniform(key_u, x.shape), lengths=L)
+    return n_acc, sample_probs(key_c, r)
 
 
 def build_flex(target_cfg, drafter, spec: StaticSpec):
@@ -151,11 +146,11 @@ def build_flex(target_cfg, drafter, spec: StaticSpec):
         n = jnp.ones((B,), jnp.int32)
         done = is_stop(tok, inp.stop_ids) | (n >= inp.max_new_tokens)
         zero = jnp.int32(0)
-        state = _State(cache, (drafts, dlq, zero), tok, jnp.zeros((B, 2), jnp.int32), jnp.ones((B,), jnp.int32), out,
+        state = SDState(cache, (drafts, dlq, zero), tok, jnp.zeros((B, 2), jnp.int32), jnp.ones((B,), jnp.int32), out,
                        n, done, key, zero, jnp.zeros((B,), jnp.int32), zero, zero, jnp.zeros((K,), jnp.int32))
         anchors = jnp.broadcast_to(jnp.arange(K + 1, dtype=jnp.int32), (B, K + 1))
 
-        def body(s: _State) -> _State:
+        def body(s: SDState) -> SDState:
             key, k_accept, k_corr, k_draft = jax.random.split(s.key, 4)
             live = ~s.done
             tlen_before = s.target_cache.lengths
@@ -172,7 +167,7 @@ def build_flex(target_cfg, drafter, spec: StaticSpec):
                     return call
 
                 if tau:  # the cut: the narrowest width that holds every live row's L, one branch per width
-                    logits, tcache, mh = jax.lax.switch(_width_index(L, live, widths),
+                    logits, tcache, mh = jax.lax.switch(width_index(L, live, widths),
                                                         [parallel_call(w) for w in widths], s.target_cache)
                 else:
                     logits, tcache, mh = parallel_call(K)(s.target_cache)
@@ -196,17 +191,17 @@ def build_flex(target_cfg, drafter, spec: StaticSpec):
                     lg1, tcache = forward_cached(target_cfg, tp, x, tcache, num_valid=jnp.where(live, L, 0),
                                                  pack=pack_index(jnp.where(live, L, 0), K, budget))
                 elif tau:
-                    lg1, tcache = jax.lax.switch(_width_index(L, live, widths), [verify_call(w) for w in widths],
+                    lg1, tcache = jax.lax.switch(width_index(L, live, widths), [verify_call(w) for w in widths],
                                                  tcache)
                 else:
                     lg1, tcache = verify_call(K)(tcache)
                 logits = jnp.concatenate([lg0, lg1], axis=1)
-                tcache = tcache.set_lengths(tlen_before)  # _finish_cycle sets the committed length below
+                tcache = tcache.set_lengths(tlen_before)  # finish_cycle sets the committed length below
             # Positions past a row's L are padding (their logits unused: at most L drafts are accepted).
             p = jnp.exp(process_logits(logits, inp.sampling))  # [B, K+1, V]
             n_acc, c = _accept(k_accept, k_corr, p, jnp.exp(dlq), x, L)
             s = s._replace(key=key, calls=s.calls + (1 if mode == "sequential" else 0))
-            s, tlen, _ = _finish_cycle(s, inp, K, n_acc, x, c, tlen_before, tlen_before)
+            s, tlen, _ = finish_cycle(s, inp, K, n_acc, x, c, tlen_before, tlen_before)
             verified = verified + jnp.sum(jnp.where(live, L, 0))
             if mode == "parallel":  # the next drafts: the group whose assumption (n accepted) came true
                 group = jnp.take_along_axis(mh, n_acc[:, None, None, None], axis=1)[:, 0]  # [B, S, H]

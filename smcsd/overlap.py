@@ -53,7 +53,7 @@ from smcsd.models.sharding import DATA, MODEL, axis_size, layout, param_specs, p
 
 from .drafters import as_drafter
 from .engine import MethodDef, ProgramInputs, StaticSpec, prefill, register_method
-from .sd import _finish_cycle, _headroom, _result, _State, initial_state, verify_chain
+from .sd import SDState, finish_cycle, headroom, initial_state, program_result, verify_chain
 
 __all__ = ["OverlapMeshes", "split_devices", "OverlapRunner", "overlap_step_model"]
 
@@ -86,7 +86,7 @@ def split_devices(devices=None, half_batch: int | None = None) -> OverlapMeshes:
     return OverlapMeshes(*meshes)
 
 
-def _as_meshes(mesh, half_batch: int, drafter=None) -> OverlapMeshes:
+def as_meshes(mesh, half_batch: int, drafter=None) -> OverlapMeshes:
     """`decode(mesh=...)` for sd-overlap -> the two groups, checked against the half-batch (and, for drafters whose
     state cannot be sharded yet, a one-device drafter group)."""
     from .mesh import check_mesh
@@ -119,7 +119,7 @@ def _rows(mesh: Mesh, x):
     return NamedSharding(mesh, P(rows, *([None] * (x.ndim - 1)))) if x.ndim else NamedSharding(mesh, P())
 
 
-def _place_rows(mesh, tree):
+def place_rows(mesh, tree):
     return jax.tree_util.tree_map(lambda x: put(x, _rows(mesh, x)), tree)
 
 
@@ -180,14 +180,14 @@ def _programs(target_cfg, drafter, spec: StaticSpec):
         prop = drafter.propose(draft_params, dstate, feed, feed_count, k_draft, inp.draft_sampling, K)
         return prop.state, dlen, (prop.tokens, prop.logq)
 
-    def verify(target_params, s: _State, proposal, inp: ProgramInputs, half, cycle):
+    def verify(target_params, s: SDState, proposal, inp: ProgramInputs, half, cycle):
         x, logq = proposal
         _, k_accept, k_corr = cycle_keys(inp.key, half, cycle)
         live = ~s.done
         tlen_before = s.target_cache.lengths
         n_acc, c, block, tcache, hidden, _, _ = verify_chain(target_cfg, target_params, s.target_cache, s.tok, x,
                                                              logq, live, k_accept, k_corr, inp.sampling, hl)
-        s, tlen, dlen = _finish_cycle(s, inp, K, n_acc, x, c, tlen_before, tlen_before)
+        s, tlen, dlen = finish_cycle(s, inp, K, n_acc, x, c, tlen_before, tlen_before)
         any_live = jnp.any(live)  # a cycle of a half with no live row (never run by the host loop) counts nothing
         s = s._replace(calls=s.calls - 1 + any_live.astype(jnp.int32), target_cache=tcache.set_lengths(tlen))
         obs = _Obs(block, hidden, tlen_before, jnp.where(live, n_acc + 1, 0), dlen, s.feed, s.feed_count, live)
@@ -290,7 +290,7 @@ class OverlapRunner:
         self.drafter = as_drafter(drafter)
         self.target_cfg, self.spec = target_cfg, spec
         self.half = (spec.batch + 1) // 2
-        self.meshes = mesh if isinstance(mesh, OverlapMeshes) else _as_meshes(mesh, self.half, self.drafter)
+        self.meshes = mesh if isinstance(mesh, OverlapMeshes) else as_meshes(mesh, self.half, self.drafter)
         self.half_spec = dataclasses.replace(spec, batch=self.half)
         fns = _programs(target_cfg, self.drafter, self.half_spec)
         t, d = self.meshes
@@ -352,10 +352,10 @@ class OverlapRunner:
             return out, (id(ev) if ev is not None else None)
 
         def to_t(x):
-            return _place_rows(t, x)
+            return place_rows(t, x)
 
         def to_d(x):
-            return _place_rows(d, x)
+            return place_rows(d, x)
 
         ts, first, done, obs, ds, dlen, prop = ({} for _ in range(7))
         ev_t, ev_d = {}, {}
@@ -401,7 +401,7 @@ class OverlapRunner:
             if live[0]:
                 draft(0)
         self.last_timeline = tl.close() if tl is not None else None
-        return self._merge([jax.device_get(_result(ts[h], self.spec.num_speculative_tokens, self.drafter))
+        return self._merge([jax.device_get(program_result(ts[h], self.spec.num_speculative_tokens, self.drafter))
                             for h in range(2)])
 
     def _merge(self, raws):
@@ -436,5 +436,5 @@ def overlap_step_model(t_verify: float, t_draft: float, t_transfer: float = 0.0)
             "beats_sd": t_transfer < min(t_verify, t_draft)}
 
 
-SD_OVERLAP = register_method(MethodDef(name="sd-overlap", build=_build, needs_draft=True, headroom=_headroom,
+SD_OVERLAP = register_method(MethodDef(name="sd-overlap", build=_build, needs_draft=True, headroom=headroom,
                                        runner=OverlapRunner))

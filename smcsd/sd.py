@@ -30,44 +30,14 @@ from .drafters import as_drafter, initial_feed
 from .engine import MethodDef, ProgramInputs, StaticSpec, first_stop_count, is_stop, prefill, register_method, \
     verify_call, write_tokens
 from .sampling import process_logits, sample
-
-
-# ----------------------------------------------------------------------------- the acceptance math
-
-def accept_test(u, p_x, q_x):
-    """Accept a drafted token x with probability min(1, p(x)/q(x)), given u ~ U[0, 1).
-
-    Written as u·q(x) < p(x): no division, p(x) = 0 always rejects, and q(x) = 0 (an underflowed
-    draft probability) accepts whenever p(x) > 0. Leviathan et al. 2023, Alg. 1; Chen et al. 2023.
-    Module-level so the tests can swap in a broken rule and check that the exactness test catches it.
-    """
-    return u * q_x < p_x
-
-
-def residual(p, q):
-    """norm(max(0, p - q)) over the last axis: the distribution to sample after rejecting a q-draft.
-
-    Its mass is the total variation between p and q; it is 0 only when p == q, in which case a
-    rejection cannot happen (every draft is accepted), so fall back to p rather than divide by 0.
-    """
-    r = jnp.maximum(p - q, 0.0)
-    z = jnp.sum(r, axis=-1, keepdims=True)
-    ok = z > 0
-    return jnp.where(ok, r / jnp.where(ok, z, 1.0), p)
-
-
-def _take(probs, tokens):
-    """probs[..., tokens] along the last axis."""
-    return jnp.take_along_axis(probs, tokens[..., None], axis=-1)[..., 0]
-
-
-def _sample_probs(key, probs):
-    return sample(key, jnp.log(probs))
+from .verify import chain_accept, rrs_walk, sample_probs
 
 
 # ----------------------------------------------------------------------------- shared loop pieces
 
-class _State(NamedTuple):
+class SDState(NamedTuple):
+    """The loop state of the chain methods (`sd`, `sd-multi`, `sd-tree`; `flex` and `sd-overlap` reuse it)."""
+
     target_cache: KVCache
     draft_state: Any  # the drafter's state (a KVCache for ARDrafter)
     tok: jax.Array  # int32[B]: pending token x0 (emitted, not yet in the target cache)
@@ -100,13 +70,13 @@ def start_drafting(target_cfg, drafter, target_params, draft_params, inp: Progra
     return last, tcache, dstate
 
 
-def _start(target_cfg, drafter, target_params, draft_params, inp: ProgramInputs, spec: StaticSpec, rows: int):
+def start(target_cfg, drafter, target_params, draft_params, inp: ProgramInputs, spec: StaticSpec, rows: int):
     """Prefill the target and the drafter (`rows` rows per request) and sample the first token per request."""
     last, tcache, dcache = start_drafting(target_cfg, drafter, target_params, draft_params, inp, spec, rows)
     return initial_state(inp, spec, last, tcache, dcache, rows)
 
 
-def initial_state(inp: ProgramInputs, spec: StaticSpec, last, tcache, dstate, rows: int = 1) -> _State:
+def initial_state(inp: ProgramInputs, spec: StaticSpec, last, tcache, dstate, rows: int = 1) -> SDState:
     """The loop's first state after the prefill: the first token per request sampled from the prefill's last logits
     `last [B*rows, V]` with `inp.key`, outputs, feeds and zeroed counters."""
     B, K = spec.batch, spec.num_speculative_tokens
@@ -117,11 +87,11 @@ def initial_state(inp: ProgramInputs, spec: StaticSpec, last, tcache, dstate, ro
     done = is_stop(tok, inp.stop_ids) | (n >= inp.max_new_tokens)
     feed, feed_count = initial_feed(tok)
     zero = jnp.int32(0)
-    return _State(tcache, dstate, tok, feed, feed_count, out, n, done, key, zero, jnp.zeros((B,), jnp.int32),
+    return SDState(tcache, dstate, tok, feed, feed_count, out, n, done, key, zero, jnp.zeros((B,), jnp.int32),
                   zero, zero, jnp.zeros((K,), jnp.int32))
 
 
-def _finish_cycle(s: _State, inp: ProgramInputs, K: int, n_acc, path, c, tlen_before, dlen_before):
+def finish_cycle(s: SDState, inp: ProgramInputs, K: int, n_acc, path, c, tlen_before, dlen_before):
     """Emit path[:n] + [c] for live rows (clipped to max_new_tokens and the first stop token), update
     pending token / feed / done / stats. Returns (state without caches updated, new target lengths,
     new draft lengths), all per request."""
@@ -154,7 +124,8 @@ def _finish_cycle(s: _State, inp: ProgramInputs, K: int, n_acc, path, c, tlen_be
     return s, tlen, dlen
 
 
-def _result(s: _State, K: int, drafter):
+def program_result(s: SDState, K: int, drafter):
+    """The program's output dict (tokens, lengths, stats) from the final state, as `decode` unpacks it."""
     return {"tokens": s.out, "lengths": s.n,
             "stats": {"num_target_calls": s.calls, "live_calls": s.live_calls,
                       "num_draft_calls": drafter.calls_per_proposal(K) * s.calls,  # batched drafter calls
@@ -175,15 +146,8 @@ def verify_chain(target_cfg, target_params, target_cache, tok, x, logq, live, k_
                                          jnp.where(live, K + 1, 0), hidden_layers)
     p = jnp.exp(process_logits(logits, sampling))  # [B, K+1, V]
     q = jnp.exp(logq)  # [B, K, V]
-    u = jax.random.uniform(k_accept, (B, K))
-    ok = accept_test(u, _take(p[:, :K], x), _take(q, x))
-    n_acc = jnp.sum(jnp.cumprod(ok.astype(jnp.int32), axis=1), axis=1)  # leading accepts
-    # Correction at the first rejected position n: norm(max(0, p_n - q_n)); with n == K the
-    # "q" is 0 and the residual is p_K itself, the bonus distribution.
-    q_pad = jnp.concatenate([q, jnp.zeros_like(q[:, :1])], axis=1)
-    p_n = jnp.take_along_axis(p, n_acc[:, None, None], axis=1)[:, 0]
-    q_n = jnp.take_along_axis(q_pad, n_acc[:, None, None], axis=1)[:, 0]
-    c = _sample_probs(k_corr, residual(p_n, q_n))
+    n_acc, r = chain_accept(p, q, x, jax.random.uniform(k_accept, (B, K)))
+    c = sample_probs(k_corr, r)
     return n_acc, c, block, tcache, hidden, p, q
 
 
@@ -195,9 +159,9 @@ def build_sd(target_cfg, drafter, spec: StaticSpec):
     drafter = as_drafter(drafter)
 
     def program(target_params, draft_params, inp: ProgramInputs):
-        state = _start(target_cfg, drafter, target_params, draft_params, inp, spec, rows=1)
+        state = start(target_cfg, drafter, target_params, draft_params, inp, spec, rows=1)
 
-        def body(s: _State) -> _State:
+        def body(s: SDState) -> SDState:
             key, k_draft, k_accept, k_corr = jax.random.split(s.key, 4)
             live = ~s.done
             tlen_before, dlen_before = s.target_cache.lengths, drafter.lengths(s.draft_state)
@@ -208,81 +172,31 @@ def build_sd(target_cfg, drafter, spec: StaticSpec):
                                                                  drafter.hidden_layers)
 
             s = s._replace(key=key)
-            s, tlen, dlen = _finish_cycle(s, inp, K, n_acc, x, c, tlen_before, dlen_before)
+            s, tlen, dlen = finish_cycle(s, inp, K, n_acc, x, c, tlen_before, dlen_before)
             dstate = drafter.observe(draft_params, prop.state, block, hidden, tlen_before,
                                      jnp.where(live, n_acc + 1, 0))
-            if drafter.learns_online:  # opt-in online adaptation (SpecBlock's OnlineAdapt)
-                dstate = drafter.feedback(dstate, p, q, n_acc, live)
+            dstate = drafter.feedback(dstate, p, q, n_acc, live)  # online adaptation, for drafters that learn
             return s._replace(target_cache=tcache.set_lengths(tlen), draft_state=drafter.set_lengths(dstate, dlen))
 
         state = jax.lax.while_loop(lambda s: ~jnp.all(s.done), body, state)
-        return _result(state, K, drafter)
+        return program_result(state, K, drafter)
 
     return program
 
 
 # ----------------------------------------------------------------------------- sd-multi
 
-def rrs_walk(X, p, q, u, accept=None):
-    """Recursive rejection sampling down the tree of N independent drafts per request.
-
-    X int32[B, N, K] drafts, p float32[B, N, K+1, V] target probabilities at each draft's positions,
-    q float32[B, N, K, V] draft probabilities, u float32[B, K, N] uniforms. Returns (n accepted [B],
-    accepted path int32[B, K] (valid up to n), distribution of the correction/bonus token [B, V],
-    winning draft index [B] whose caches hold the accepted path).
-
-    At depth k the surviving drafts (prefix == accepted path) share one context, so p and q at depth
-    k are the same for all of them: take them from the first survivor. Their depth-k tokens are
-    i.i.d. q given the history, so trying each in index order — accept x w.p. min(1, r(x)/q(x)),
-    else r <- norm(max(0, r - q)) — and sampling from the final residual if all fail yields exactly
-    p (SpecTr, Sun et al. 2023, "multi-round" RRS; SpecInfer, Miao et al. 2023). Duplicates need no
-    special case: x can only be rejected if r(x) < q(x), after which the residual has r(x) = 0, so a
-    later copy of x is rejected for sure; the residual update must still be applied for that trial
-    (the proof treats every i.i.d. trial alike; skipping duplicates would bias the output).
-    """
-    accept = accept_test if accept is None else accept
-    B, N, K = X.shape
-    bi = jnp.arange(B)
-    alive = jnp.ones((B, N), bool)
-    active = jnp.ones((B,), bool)  # still walking (no rejection yet)
-    n_acc = jnp.zeros((B,), jnp.int32)
-    path = jnp.zeros((B, K), jnp.int32)
-    r_final = jnp.zeros(p.shape[:1] + p.shape[-1:], p.dtype)
-    for k in range(K):
-        rep = jnp.argmax(alive, axis=1)  # first survivor
-        p_k, q_k = p[bi, rep, k], q[bi, rep, k]  # [B, V]
-        r = p_k
-        acc = jnp.zeros((B,), bool)
-        tok_k = jnp.zeros((B,), jnp.int32)
-        for i in range(N):
-            x = X[:, i, k]
-            trial = alive[:, i] & ~acc
-            a = trial & accept(u[:, k, i], _take(r, x), _take(q_k, x))
-            tok_k = jnp.where(a, x, tok_k)
-            acc = acc | a
-            r = jnp.where((trial & ~a)[:, None], residual(r, q_k), r)
-        r_final = jnp.where((active & ~acc)[:, None], r, r_final)
-        step = active & acc
-        n_acc = n_acc + step
-        path = path.at[:, k].set(tok_k)
-        alive = jnp.where(step[:, None], alive & (X[:, :, k] == tok_k[:, None]), alive)
-        active = step
-    winner = jnp.argmax(alive, axis=1)  # a draft holding the accepted path (the last acceptor if n == K)
-    r_final = jnp.where(active[:, None], p[bi, winner, K], r_final)
-    return n_acc, path, r_final, winner
-
-
 def build_sd_multi(target_cfg, drafter, spec: StaticSpec):
     """Multi-draft speculative decoding: N independent drafts per request (rows b*N .. b*N+N-1), all
-    B·N·(K+1) tokens verified in one target call, accepted by `rrs_walk`; the winner's caches are
+    B·N·(K+1) tokens verified in one target call, accepted by `verify.rrs_walk`; the winner's caches are
     then gathered to all N rows of its request and rolled back by lengths like `sd`."""
     B, K, N = spec.batch, spec.num_speculative_tokens, spec.num_particles
     drafter = as_drafter(drafter)
 
     def program(target_params, draft_params, inp: ProgramInputs):
-        state = _start(target_cfg, drafter, target_params, draft_params, inp, spec, rows=N)
+        state = start(target_cfg, drafter, target_params, draft_params, inp, spec, rows=N)
 
-        def body(s: _State) -> _State:
+        def body(s: SDState) -> SDState:
             key, k_draft, k_accept, k_corr = jax.random.split(s.key, 4)
             live = ~s.done
             tlen_before, dlen_before = s.target_cache.lengths[::N], drafter.lengths(s.draft_state)[::N]
@@ -297,12 +211,12 @@ def build_sd_multi(target_cfg, drafter, spec: StaticSpec):
             X = prop.tokens.reshape(B, N, K)
             u = jax.random.uniform(k_accept, (B, K, N))
             n_acc, path, r_final, winner = rrs_walk(X, p, q, u)
-            c = _sample_probs(k_corr, r_final)
+            c = sample_probs(k_corr, r_final)
 
             s = s._replace(key=key)
             # num_drafts counts one draft *tree* per live request per cycle (not N), so
             # mean_acceptance_length = 1 + accepted / num_drafts compares directly with `sd`.
-            s, tlen, dlen = _finish_cycle(s, inp, K, n_acc, path, c, tlen_before, dlen_before)
+            s, tlen, dlen = finish_cycle(s, inp, K, n_acc, path, c, tlen_before, dlen_before)
             # Every row of a request <- its winner. The rows share all slots before this cycle's
             # writes, so only the K+1 slots written this cycle are copied, not whole cache rows.
             rows = jnp.repeat(jnp.arange(B) * N + winner, N)
@@ -314,17 +228,17 @@ def build_sd_multi(target_cfg, drafter, spec: StaticSpec):
             return s._replace(target_cache=tcache, draft_state=drafter.set_lengths(dstate, jnp.repeat(dlen, N)))
 
         state = jax.lax.while_loop(lambda s: ~jnp.all(s.done), body, state)
-        return _result(state, K, drafter)
+        return program_result(state, K, drafter)
 
     return program
 
 
-def _headroom(num_speculative_tokens, num_particles):
+def headroom(num_speculative_tokens, num_particles):
     """A cycle writes K+1 target tokens (and emits up to K+1) past a live row's position."""
     del num_particles
     return num_speculative_tokens + 1
 
 
-SD = register_method(MethodDef(name="sd", build=build_sd, needs_draft=True, headroom=_headroom))
-SD_MULTI = register_method(MethodDef(name="sd-multi", build=build_sd_multi, needs_draft=True, headroom=_headroom,
+SD = register_method(MethodDef(name="sd", build=build_sd, needs_draft=True, headroom=headroom))
+SD_MULTI = register_method(MethodDef(name="sd-multi", build=build_sd_multi, needs_draft=True, headroom=headroom,
                                            uses_particles=True))

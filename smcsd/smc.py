@@ -136,7 +136,7 @@ def max_cycles(spec: StaticSpec) -> int:
     return spec.out_len // (spec.num_speculative_tokens + 1) + 1
 
 
-def _tempered(logp, alpha):
+def tempered_logp(logp, alpha):
     """α·log p_T; exactly log p_T at α = 1 (no float noise), −inf stays −inf (α > 0)."""
     return jnp.where(alpha == 1.0, logp, alpha * logp)
 
@@ -146,10 +146,10 @@ def _log_norm(tempered, alpha):
     return jnp.where(alpha == 1.0, 0.0, jax.nn.logsumexp(tempered, axis=-1))
 
 
-def _increment(lp, lq, alpha):
+def weight_increment(lp, lq, alpha):
     """Log weight of an emitted draft token, α·log p_T(x) − log q(x): −inf where p_T(x) = 0, never NaN
     (q(x) > 0 for a token sampled from q, so −inf − (−inf) cannot arise; mapped to −inf regardless)."""
-    inc = _tempered(lp, alpha) - lq
+    inc = tempered_logp(lp, alpha) - lq
     return jnp.where(jnp.isnan(inc), -jnp.inf, inc)
 
 
@@ -174,7 +174,7 @@ def program_parts(target_cfg, drafter, spec: StaticSpec):
         last, cache_t, cache_d = start_drafting(target_cfg, drafter, target_params, draft_params, inp, spec, N,
                                                 suffix_len)
         key, sub = jax.random.split(inp.key)
-        tempered = _tempered(process_logits(last, inp.sampling), inp.alpha)  # [R, V]
+        tempered = tempered_logp(process_logits(last, inp.sampling), inp.alpha)  # [R, V]
         x0 = sample(sub, tempered)  # independent per particle
         log_z = _log_norm(tempered, inp.alpha).reshape(B, N)[:, 0]
         feed, feed_count = initial_feed(x0)
@@ -205,7 +205,7 @@ def program_parts(target_cfg, drafter, spec: StaticSpec):
                                               hidden_layers=drafter.hidden_layers)
         logp = process_logits(logits, inp.sampling)  # [R, K+1, V]
         # 4. bonus from normalise(p_T^α) at position K
-        tempered_bonus = _tempered(logp[:, K], inp.alpha)
+        tempered_bonus = tempered_logp(logp[:, K], inp.alpha)
         bonus = sample(k_bonus, tempered_bonus)
         new = jnp.concatenate([x, bonus[:, None]], axis=1)  # [R, K+1] tokens this cycle may emit
         # emitted: live rows only, cut at max_new_tokens, then at the first stop token (inclusive)
@@ -215,7 +215,7 @@ def program_parts(target_cfg, drafter, spec: StaticSpec):
         lp = jnp.take_along_axis(logp[:, :K], x[..., None], axis=-1)[..., 0]
         lq = jnp.take_along_axis(prop.logq, x[..., None], axis=-1)[..., 0]
         emitted_draft = jnp.arange(K)[None, :] < count[:, None]  # [R, K]
-        delta = jnp.sum(jnp.where(emitted_draft, _increment(lp, lq, inp.alpha), 0.0), axis=1)
+        delta = jnp.sum(jnp.where(emitted_draft, weight_increment(lp, lq, inp.alpha), 0.0), axis=1)
         delta = delta + jnp.where(count == K + 1, _log_norm(tempered_bonus, inp.alpha), 0.0)
         log_w = s.log_w + delta
         out = write_tokens(s.out, s.n, new, count)
@@ -248,7 +248,7 @@ def program_parts(target_cfg, drafter, spec: StaticSpec):
         moved = (cache_t, feed, feed_count, bonus, out, n, done)
         moved, cache_d = jax.lax.cond(
             jnp.any(resampled),
-            lambda m, d: (jax.tree_util.tree_map(lambda a: _take_rows(a, ancestors), m,
+            lambda m, d: (jax.tree_util.tree_map(lambda a: take_rows(a, ancestors), m,
                                                  is_leaf=lambda a: isinstance(a, KVCache)),
                           drafter.gather(d, ancestors)),
             lambda m, d: (m, d), moved, cache_d)
@@ -292,7 +292,7 @@ def program_parts(target_cfg, drafter, spec: StaticSpec):
     return init, cycle, finish
 
 
-def _take_rows(a, index):
+def take_rows(a, index):
     if isinstance(a, KVCache):
         return a.gather(index)
     return jnp.take(a, index, axis=0)

@@ -24,9 +24,9 @@ def accept_always(monkeypatch):
     import jax.numpy as jnp
 
     from smcsd import engine
-    from smcsd import sd as sd_mod
+    from smcsd.verify import chain
     engine.clear_compile_cache()
-    monkeypatch.setattr(sd_mod, "accept_test", lambda u, p_x, q_x: jnp.ones(jnp.shape(u), bool))
+    monkeypatch.setattr(chain, "accept_test", lambda u, p_x, q_x: jnp.ones(jnp.shape(u), bool))
     yield
     monkeypatch.undo()
     engine.clear_compile_cache()

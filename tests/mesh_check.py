@@ -89,8 +89,8 @@ def _compare_stats(a, b):
 
 def _program(method, mesh):
     # compile-cache keys: (method, target cfg, draft cfg, spec, params layout[, mesh])
-    keys = [k for k in engine._COMPILED if k[0] == method and len(k) == 6 and k[5] == mesh]
-    return engine._COMPILED[keys[-1]] if keys else None
+    keys = [k for k in engine.compiled_programs() if k[0] == method and len(k) == 6 and k[5] == mesh]
+    return engine.compiled_programs()[keys[-1]] if keys else None
 
 
 def _check_program_params(program, mesh, target, draft):

@@ -103,6 +103,14 @@ def test_decode_names_an_unknown_keyword():
         smcsd.decode([1, 2], num_particle=4)
 
 
+def test_decode_spells_out_prepares_keywords():
+    """decode's explicit signature (help(), IDEs) and prepare's stay one list: same names, same defaults."""
+    import inspect
+    from smcsd.decode import prepare
+    dec = {n: p.default for n, p in inspect.signature(smcsd.decode).parameters.items() if p.kind != p.VAR_KEYWORD}
+    assert dec == {n: p.default for n, p in inspect.signature(prepare).parameters.items()}
+
+
 @pytest.mark.slow  # default-run budget (CI's slow lane runs it)
 def test_smc_without_a_draft_takes_the_pairs_smc_proposal():
     """`decode(method="smc")` with a pair's target and no draft= runs the pair's proposal trained for SMC

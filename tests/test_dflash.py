@@ -18,7 +18,7 @@ import smcsd
 from smcsd.models import forward_full, init_model
 from smcsd.drafters import DFlashDrafter
 from smcsd.drafters.dflash import default_target_layers, reference_logits
-from smcsd.engine import _hidden_concat
+from smcsd.engine import hidden_concat
 from smcsd.sampling import SamplingParams
 from toys import chi_square_pvalue, exact_distribution, sample_counts, tiny_config, tiny_pair, total_variation
 
@@ -37,7 +37,7 @@ def block(target, **kw):
 
 def hidden_of(target, drafter, seq):
     _, h = forward_full(target.config, target.params, jnp.asarray(seq, jnp.int32), hidden_layers=drafter.hidden_layers)
-    return _hidden_concat(h)
+    return hidden_concat(h)
 
 
 def test_default_target_layers():

@@ -23,7 +23,7 @@ from smcsd.models import forward_full, init_model
 from smcsd.drafters import DraftVocab, EagleDrafter, KINDS
 from smcsd.drafters.eagle import default_target_layers, eagle_unroll_logits
 from smcsd.drafters.vocab import floor_mixture
-from smcsd.engine import _hidden_concat
+from smcsd.engine import hidden_concat
 from smcsd.sampling import SamplingParams
 from toys import chi_square_pvalue, exact_distribution, sample_counts, tiny_config, tiny_pair, total_variation
 
@@ -45,7 +45,7 @@ _unroll = jax.jit(eagle_unroll_logits, static_argnums=(0, 5))
 
 def hidden_of(target, drafter, seq):
     _, h = forward_full(target.config, target.params, jnp.asarray(seq, jnp.int32), hidden_layers=drafter.hidden_layers)
-    return _hidden_concat(h)
+    return hidden_concat(h)
 
 
 def test_default_target_layers_and_registration():

@@ -225,13 +225,13 @@ def test_packed_verify_matches_unpacked_and_ar():
 
 def test_verify_widths():
     """The cut's static widths, and the narrowest one holding every live row's L (dead rows do not count)."""
-    from smcsd.flex import _width_index, verify_widths
+    from smcsd.flex import width_index, verify_widths
     assert verify_widths(1) == (1,) and verify_widths(4) == (1, 2, 4) and verify_widths(6) == (1, 2, 4, 6)
     widths = verify_widths(6)
     live = jnp.array([True, True, False])
-    assert int(_width_index(jnp.array([1, 3, 6]), live, widths)) == 2  # max live L = 3 -> width 4
-    assert int(_width_index(jnp.array([1, 1, 6]), live, widths)) == 0
-    assert int(_width_index(jnp.array([5, 1, 1]), live, widths)) == 3
+    assert int(width_index(jnp.array([1, 3, 6]), live, widths)) == 2  # max live L = 3 -> width 4
+    assert int(width_index(jnp.array([1, 1, 6]), live, widths)) == 0
+    assert int(width_index(jnp.array([5, 1, 1]), live, widths)) == 3
 
 
 def test_flex_without_draft_uses_the_shipped_pairs_adapters():

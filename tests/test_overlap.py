@@ -128,8 +128,8 @@ def test_errors():
     with pytest.raises(ValueError, match="learns online"):
         decode(prompts, **{**args, "draft": adaptive})
     with pytest.raises(ValueError, match="data axis"):  # a 2-row half cannot be split over a 3-wide data axis
-        from smcsd.overlap import _as_meshes
-        _as_meshes(OverlapMeshes(smcsd.make_mesh(1, 1), smcsd.make_mesh(1, 1))._replace(
+        from smcsd.overlap import as_meshes
+        as_meshes(OverlapMeshes(smcsd.make_mesh(1, 1), smcsd.make_mesh(1, 1))._replace(
             target=_fake_mesh(3)), 2)
     one = split_devices()
     assert isinstance(one, OverlapMeshes) and one.target.devices.size == 1  # this process sees one device

@@ -16,7 +16,7 @@ import smcsd
 from smcsd.models import forward_full, init_model
 from smcsd.models.transformer import InputEdits
 from smcsd.drafters.pard2 import FEATURE_SCALE, PARD2Drafter
-from smcsd.engine import _hidden_concat
+from smcsd.engine import hidden_concat
 from toys import chi_square_pvalue, exact_distribution, sample_counts, tiny_config, tiny_pair, total_variation
 
 P_MIN = 1e-3  # a correct sampler fails a chi-square test with probability 1e-3 (seeds are fixed anyway)
@@ -90,7 +90,7 @@ def test_mask_drafter_smc_matches_finite_n_law():
     firsts = np.arange(ts.V)
     seqs = jnp.asarray(np.concatenate([np.broadcast_to(np.asarray(ts.PROMPT), (ts.V, n)), firsts[:, None]], 1))
     _, h = forward_full(target.config, target.params, seqs, hidden_layers=(0,))
-    h = _hidden_concat(h)
+    h = hidden_concat(h)
     shifted = jnp.concatenate([jnp.zeros_like(h[:, :1]), h[:, :-1]], axis=1)
     add = FEATURE_SCALE * jnp.einsum("rtf,fh->rth", shifted, d.extra["feature_proj"])
     logits = forward_full(d.model_config, d.model.params, seqs, inputs=InputEdits(add=add))
@@ -163,7 +163,7 @@ def test_training_forward_matches_decode_proposal():
     rng = np.random.default_rng(4)
     tokens = jnp.asarray(rng.integers(0, V, (1, T)), jnp.int32)
     _, h = forward_full(target.config, target.params, tokens, hidden_layers=(0,))
-    hid = _hidden_concat(h)
+    hid = hidden_concat(h)
     lay = {k: jnp.asarray(v) for k, v in cod_layout(0, 0, T, depth, retain=1.0, r_min=1.0).items()}
     params = {"lm": d.model.params, **d.extra}
     logits = _forward(d, params, tokens, lay, hid, jnp.ones((1,)))

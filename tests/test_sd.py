@@ -14,7 +14,6 @@ import pytest
 
 import smcsd
 from smcsd.models import ByteTokenizer, init_model
-from smcsd import sd as sd_mod
 from toys import chi_square_pvalue, exact_distribution, sample_counts, tiny_config, tiny_pair, total_variation
 
 # Toy pair for enumeration: vocab 6, seed 2, prompt [0, 1] has a spread-out p_T over the 6**3 = 216
@@ -82,26 +81,6 @@ def test_broken_acceptance_is_detected(method, accept_always):
     """Test of the test: the same chi-square check must reject an inexact sampler."""
     pvalue, tv = _exactness(method, "t1", seed=1000)
     assert pvalue < P_BROKEN, f"{method} with accept-always passed the exactness test (p={pvalue:.2e}, TV={tv:.4f})"
-
-
-def test_rrs_walk_duplicates_exact():
-    """Unit check of the tree walk at one depth, N = 3 i.i.d. drafts from a q that favours the token p
-    likes least (many rejections, many duplicate children): the output law, averaged over random
-    drafts and uniforms (Rao-Blackwellised: a rejection contributes its whole residual), equals p."""
-    B, Nd = 50_000, 3
-    p = jnp.array([0.5, 0.3, 0.2])
-    q = jnp.array([0.1, 0.2, 0.7])
-    kx, ku = jax.random.split(jax.random.PRNGKey(0))
-    X = jax.random.categorical(kx, jnp.log(q), shape=(B, Nd, 1)).astype(jnp.int32)
-    u = jax.random.uniform(ku, (B, 1, Nd))
-    pp = jnp.broadcast_to(p, (B, Nd, 2, 3))
-    qq = jnp.broadcast_to(q, (B, Nd, 1, 3))
-    n_acc, path, r_final, _ = jax.jit(sd_mod.rrs_walk)(X, pp, qq, u)
-    law = jnp.where((n_acc == 1)[:, None], jax.nn.one_hot(path[:, 0], 3), r_final).mean(0)
-    # Each coordinate is a mean of 5e4 values in [0, 1]: standard error <= 0.5/sqrt(5e4) ~ 2.2e-3, so
-    # 1.2e-2 is > 5 standard errors. Inexact variants are far off: accepting always gives q itself,
-    # skipping already-tried tokens (dedup without the residual update) gives ~[0.38, 0.41, 0.20].
-    np.testing.assert_allclose(np.asarray(law), np.asarray(p), atol=1.2e-2)
 
 
 # ----------------------------------------------------------------------------- greedy identity

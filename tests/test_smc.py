@@ -199,9 +199,11 @@ def test_alpha_weighting(alpha, length):
 @pytest.fixture
 def forget_log_q(monkeypatch):
     """A broken weight increment (alpha·log p, without − log q), compiled into a fresh compile cache."""
-    monkeypatch.setattr(engine, "_COMPILED", {})
-    monkeypatch.setattr(smc_mod, "_increment", lambda lp, lq, alpha: smc_mod._tempered(lp, alpha))
+    engine.clear_compile_cache()
+    monkeypatch.setattr(smc_mod, "weight_increment", lambda lp, lq, alpha: smc_mod.tempered_logp(lp, alpha))
     yield
+    monkeypatch.undo()
+    engine.clear_compile_cache()
 
 
 @pytest.mark.slow

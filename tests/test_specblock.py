@@ -16,7 +16,7 @@ import smcsd
 from smcsd.models import forward_full
 from smcsd.drafters import SpecBlockDrafter, initial_feed
 from smcsd.drafters.specblock import reference_block_logits
-from smcsd.engine import _hidden_concat
+from smcsd.engine import hidden_concat
 from smcsd.sampling import SamplingParams
 from toys import chi_square_pvalue, exact_distribution, sample_counts, tiny_pair, total_variation
 
@@ -31,7 +31,7 @@ def specblock(target, slots: int = 3, seed: int = 1):
 
 def _hidden(target, d, seq):
     _, h = forward_full(target.config, target.params, jnp.asarray(seq, jnp.int32), hidden_layers=d.hidden_layers)
-    return _hidden_concat(h)
+    return hidden_concat(h)
 
 
 @pytest.mark.slow  # default-run budget

@@ -283,7 +283,7 @@ def test_variable_prefix_training_matches_decode_path():
     ignores the given positions."""
     from smcsd.models import forward_full
     from smcsd.drafters import DFlashDrafter
-    from smcsd.engine import _hidden_concat
+    from smcsd.engine import hidden_concat
     from smcsd.train.dflash import block_loss, block_train_logits
     from toys import tiny_config
     target = init_model(tiny_config(6, layers=3), 0, init_std=0.8)
@@ -292,7 +292,7 @@ def test_variable_prefix_training_matches_decode_path():
     rng = np.random.default_rng(2)
     tokens = jnp.asarray(rng.integers(0, 6, (2, 12)), jnp.int32)
     _, h = forward_full(target.config, target.params, tokens, hidden_layers=d.hidden_layers)
-    hid = _hidden_concat(h)
+    hid = hidden_concat(h)
     anchors = jnp.asarray([[3], [5]], jnp.int32)
     plen = jnp.asarray([[2], [0]], jnp.int32)
     logits, labels, _ = block_train_logits(d.block_config, d.params, d.shared, tokens, hid, anchors, plen)

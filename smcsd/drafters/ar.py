@@ -50,6 +50,13 @@ class ARDrafter(Drafter):
             raise ValueError("this ARDrafter was built from a config alone and has no params; wrap a LanguageModel")
         return self.model.decode_params()
 
+    def sharded_params(self):
+        return self.model.params  # stacked layers: what a mesh shards (decode_params are per-layer buffers)
+
+    @property
+    def language_model(self) -> LanguageModel | None:
+        return self.model
+
     @property
     def config(self) -> ModelConfig:
         return self.model_config

@@ -122,7 +122,9 @@ class Drafter:
     layers whose hidden states `init`/`observe` receive; empty: none are computed), `full_support` (every
     proposal `smc` runs, `importance_proposal()`'s, gives every token positive probability, so `smc` stays
     consistent), `max_tokens_per_proposal`
-    (the largest K it drafts; None: any), `supports_mesh`, `shares_prefix` (`init` takes `suffix_len`).
+    (the largest K it drafts; None: any), `supports_mesh`, `shares_prefix` (`init` takes `suffix_len`),
+    `tree_shapes` (the `TreeSpec.shape`s its `propose_tree` builds), `learns_online` (`feedback` changes its state).
+    A kind overrides them (as attributes or properties) in its own file; the methods only ask.
     """
 
     kind: str = "drafter"
@@ -135,6 +137,16 @@ class Drafter:
     # ------------------------------------------------------------------ host side
     def drafter_params(self):
         """The pytree the decode program receives as the drafter's params (None: no params)."""
+        return None
+
+    def sharded_params(self):
+        """The params as a mesh shards them (`decode(mesh=...)`, `sd-overlap`'s drafter group on several devices),
+        where `drafter_params()` may lay them out for one device. Default: `drafter_params()`."""
+        return self.drafter_params()
+
+    @property
+    def language_model(self):
+        """The `models.LanguageModel` this drafter runs whole, if any (decode's warning about its dtype), else None."""
         return None
 
     def bind(self, target) -> "Drafter":
@@ -196,30 +208,28 @@ class Drafter:
         writes into its state sit at slots `base + m` (base = the position after x_0), so the method can keep
         the accepted path with `compact`."""
         raise ValueError(f"{self.describe()} drafts chains only; sd-tree needs a drafter with tree proposals "
-                         "(ARDrafter, DFlashDrafter, D2SDDrafter): use method='sd' or 'sd-multi' with this one")
+                         f"({', '.join(tree_drafters())}): use method='sd' or 'sd-multi' with this one")
 
     def check_tree(self, tree) -> None:
         """Host-side: raise ValueError (naming the fix) unless `propose_tree` can build `tree`."""
         if type(self).propose_tree is Drafter.propose_tree:
             self.propose_tree(None, None, None, None, None, None, tree)  # raises: chains only
-        if tree.budget and not self.builds_rank_trees:
-            raise ValueError(f"tree {str(tree)!r} is a rank-head tree, which needs a SpecBlockDrafter with a rank head "
-                             f"(smcsd.load(pair, drafter='specblock')); {self.describe()} builds fixed-shape trees only")
-        if tree.branches:
-            raise ValueError(f"tree {str(tree)!r} asks for D²SD branches ('+{tree.branches}'), which need a D2SDDrafter "
-                             f"(smcsd.load(pair, drafter='d2sd')); {self.describe()} builds product trees only")
+        if tree.shape not in self.tree_shapes:
+            raise ValueError(f"tree {str(tree)!r} {tree.needs}; {self.describe()} builds "
+                             f"{' and '.join(self.tree_shapes)} trees only")
         limit = self.max_tokens_per_proposal
         if limit is not None and tree.depth > limit:
             raise ValueError(f"tree depth {tree.depth} is more than {self.describe()} drafts per proposal (at most "
                              f"{limit}); use a shallower tree")
 
-    learns_online: bool = False  # `sd` calls `feedback` after every verification (SpecBlock's OnlineAdapt)
-    builds_rank_trees: bool = False  # `propose_tree` builds budgeted rank-head trees (TreeSpec.budget)
+    learns_online: bool = False  # `feedback` adapts the state (methods that cannot pass it refuse the drafter)
+    tree_shapes: tuple[str, ...] = ("product",)  # the `TreeSpec.shape`s `propose_tree` builds
 
     def feedback(self, state, p, q, n_acc, live):
-        """`sd`'s free feedback after a verification, for drafters that learn online (`learns_online`): the target's
-        processed probabilities `p [R, K+1, V]` at the verified positions, the proposal's `q [R, K, V]`, the accepted
-        counts `n_acc [R]` and live rows. Returns the new state (default: unchanged)."""
+        """`sd`'s free feedback after every verification, for drafters that learn online (`learns_online`): the
+        target's processed probabilities `p [R, K+1, V]` at the verified positions, the proposal's `q [R, K, V]`,
+        the accepted counts `n_acc [R]` and live rows. Returns the new state (default: unchanged, which costs
+        nothing in the compiled program)."""
         del p, q, n_acc, live
         return state
 
@@ -246,6 +256,17 @@ class Drafter:
     def compact(self, state, start, index, count):
         """After a tree cycle: the accepted path's node slots `start + index[r, j]` -> `start + j`, j < count[r]."""
         return state.compact(start, index, count)
+
+
+def tree_drafters() -> list[str]:
+    """The class names of the drafter kinds (imported so far) whose `propose_tree` builds trees, for messages."""
+    found, todo = set(), list(Drafter.__subclasses__())
+    while todo:
+        cls = todo.pop()
+        todo.extend(cls.__subclasses__())
+        if cls.propose_tree is not Drafter.propose_tree and not cls.__name__.startswith("_"):
+            found.add(cls.__name__)
+    return sorted(found)
 
 
 def initial_feed(first_token):

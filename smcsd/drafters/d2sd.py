@@ -43,6 +43,7 @@ class D2SDDrafter(Drafter):
     kind = "d2sd"
     shares_prefix = True
     supports_mesh = False
+    tree_shapes = ("product", "branches")  # chains, with or without branches (its own `check_tree`)
 
     def __init__(self, main: DFlashDrafter, vp: DFlashDrafter, name: str = "d2sd"):
         if not isinstance(main, DFlashDrafter) or not isinstance(vp, DFlashDrafter):

@@ -264,6 +264,10 @@ class SpecBlockDrafter(DFlashDrafter):
     def builds_rank_trees(self) -> bool:
         return self.params is not None and "rank_head" in self.params
 
+    @property
+    def tree_shapes(self) -> tuple[str, ...]:
+        return ("product", "rank") if self.builds_rank_trees else ("product",)
+
     def drafter_params(self):
         p = super().drafter_params()
         net = dict(p["net"])

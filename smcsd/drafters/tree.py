@@ -119,6 +119,23 @@ class TreeSpec:
         return len(self.branching)
 
     @property
+    def shape(self) -> str:
+        """"product" (fixed children per depth), "rank" (a budgeted rank-head tree) or "branches" (a product tree
+        plus D²SD branches): what a drafter must build (`Drafter.tree_shapes`)."""
+        return "rank" if self.budget else "branches" if self.branches else "product"
+
+    @property
+    def needs(self) -> str:
+        """What this tree's shape asks of a drafter, for the error of one that cannot build it."""
+        if self.budget:
+            return ("is a rank-head tree, which needs a SpecBlockDrafter with a rank head "
+                    "(smcsd.load(pair, drafter='specblock'))")
+        if self.branches:
+            return (f"asks for D²SD branches ('+{self.branches}'), which need a D2SDDrafter "
+                    "(smcsd.load(pair, drafter='d2sd'))")
+        return "is a product tree"
+
+    @property
     def level_widths(self) -> tuple[int, ...]:
         """Nodes of the product part at depths 1..D."""
         return tuple(int(np.prod(self.branching[:d + 1])) for d in range(self.depth))
