@@ -3,7 +3,6 @@ exact resume of the generic loop, the clear errors, and a short distillation tha
 
 import json
 import os
-import sys
 
 import jax
 import jax.numpy as jnp

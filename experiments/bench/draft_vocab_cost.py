@@ -19,7 +19,7 @@ import sys
 import time
 
 from experiments import report
-from experiments.common import REPO
+from experiments.common import RESULTS
 
 SCHEMA = "smcsd.draft_vocab_cost/1"
 SIZES = (4096, 8192, 16384, 32768, 0)  # 0: the full vocabulary
@@ -46,7 +46,7 @@ def main(argv=None) -> int:
     ap.add_argument("--context-tokens", type=int, default=256)
     ap.add_argument("--repeats", type=int, default=30)
     ap.add_argument("--dtype", default="float32")
-    ap.add_argument("--out", default=os.path.join(REPO, "experiments", "results", "draft_vocab_cost.json"))
+    ap.add_argument("--out", default=os.path.join(RESULTS, "draft_vocab_cost.json"))
     args = ap.parse_args(argv)
 
     import jax

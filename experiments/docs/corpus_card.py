@@ -11,7 +11,7 @@ import glob
 import json
 import os
 
-from experiments.common import REPO
+from experiments.common import CORPUS, DOCS, REPO
 
 
 
@@ -80,8 +80,8 @@ def card(path: str) -> str:
 
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--corpus", default=os.path.join(REPO, "experiments", "data", "corpus", "smollm2-135m"))
-    ap.add_argument("--out", default=os.path.join(REPO, "docs", "corpus.md"))
+    ap.add_argument("--corpus", default=CORPUS)
+    ap.add_argument("--out", default=os.path.join(DOCS, "corpus.md"))
     args = ap.parse_args(argv)
     text = card(args.corpus)
     with open(args.out, "w") as f:

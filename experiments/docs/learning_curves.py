@@ -18,15 +18,14 @@ import json
 import math
 import os
 
-from experiments.common import REPO
+from experiments.common import CURVES, DOCS, RESULTS
 
-RESULTS = os.path.join(REPO, "experiments", "results", "train")
 FIRST = ("accept1", "accept_pos1", "accept_lb")  # T = 1 first-draft acceptance, by recipe
 
 
 def curves(pattern: str = "smollm2*") -> dict:
     out = {}
-    for path in sorted(glob.glob(os.path.join(RESULTS, pattern + ".json"))):
+    for path in sorted(glob.glob(os.path.join(CURVES, pattern + ".json"))):
         with open(path) as f:
             d = json.load(f)
         run, ev = d.get("run", {}), d.get("eval", [])
@@ -65,8 +64,8 @@ def extrapolate(points, goal: float = 0.7):
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--pattern", default="smollm2*")
-    ap.add_argument("--out", default=os.path.join(REPO, "docs", "figures", "learning_curves.png"))
-    ap.add_argument("--json", default=os.path.join(REPO, "experiments", "results", "learning_curves.json"))
+    ap.add_argument("--out", default=os.path.join(DOCS, "figures", "learning_curves.png"))
+    ap.add_argument("--json", default=os.path.join(RESULTS, "learning_curves.json"))
     args = ap.parse_args(argv)
     cs = curves(args.pattern)
     summary = {}

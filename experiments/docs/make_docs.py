@@ -29,10 +29,8 @@ import shutil
 import sys
 
 from experiments import report
-from experiments.common import REPO
+from experiments.common import DOCS, PACKAGE, REPO, RESULTS
 
-RESULTS = report.RESULTS
-DOCS = os.path.join(REPO, "docs")
 FIGURES = os.path.join(DOCS, "figures")
 # (file under experiments/results, section title, the script that writes it, preferred table columns or None)
 SWEEP_COLUMNS = ["label", "accuracy", "n", "tokens_per_s", "speedup_vs_ar", "target_calls_per_token", "acceptance_rate",
@@ -406,7 +404,7 @@ def main(argv=None) -> int:
     ap.add_argument("--temperature", type=float, default=0.7)
     ap.add_argument("--model", default=None, help="pair for the speed table (default tiny-code, else random)")
     ap.add_argument("--out", default=os.path.join(DOCS, "benchmarks.md"))
-    ap.add_argument("--matrix-config", default=os.path.join(REPO, "experiments", "bench_matrix.toml"),
+    ap.add_argument("--matrix-config", default=os.path.join(PACKAGE, "bench_matrix.toml"),
                     help="the benchmark matrix's config (full mode runs it: experiments/bench/matrix.py)")
     ap.add_argument("--no-progress", action="store_true")
     args = ap.parse_args(argv)

@@ -22,7 +22,7 @@ import sys
 import time
 
 from experiments import report
-from experiments.common import REPO
+from experiments.common import SHIPPED
 
 SCHEMA = "smcsd.pard2_study/1"
 
@@ -56,7 +56,7 @@ def main(argv=None) -> int:
             d = smcsd.load(args.pair, drafter="pard2", dtype="float32" if smol else None)[1]
         else:
             d = PARD2Drafter.load(path, dtype=target.config.dtype, name=label, tokenizer=target.tokenizer).bind(target)
-        info = _training(path if path != "shipped" else os.path.join(REPO, "models", "shipped", args.pair,
+        info = _training(path if path != "shipped" else os.path.join(SHIPPED, args.pair,
                                                                       "drafters", "pard2"))
         dual = bool(d.feature_layers) and (info.get("run", {}).get("feature_drop", 0) or 0) > 0
         runs.append((label, "features" if d.feature_layers else "none", d))

@@ -37,7 +37,7 @@ import json
 import os
 import sys
 
-from experiments import report
+from experiments import common, report
 from experiments.common import REPO
 
 SCHEMA = "smcsd.projections/1"
@@ -48,7 +48,7 @@ SMOL_DRAFTERS = ("ar-distilled", "dflash-dpace", "dflash")
 LLAMA_PAIRS = ("llama3.1-8b+llama3.2-1b", "llama3.1-70b+llama3.2-1b")
 PAIR_NAMES = tuple(f"smollm2-135m+{d}" for d in SMOL_DRAFTERS) + LLAMA_PAIRS
 DEFAULT_PAIRS = ("smollm2-135m+ar-distilled", "smollm2-135m+dflash-dpace") + LLAMA_PAIRS
-SHIPPED = os.path.join(REPO, "models", "shipped", "smollm2-135m", "drafters")
+SHIPPED = os.path.join(common.SHIPPED, "smollm2-135m", "drafters")
 TEMPERATURE = 0.7  # of every measurement used
 ROW_FIELDS = ("device", "device_desc", "chips", "pair", "target", "draft", "method", "settings", "K", "N", "tree",
               "tree_nodes", "flex_mode", "acceptance", "measured_tokens_per_cycle", "resample_rate",

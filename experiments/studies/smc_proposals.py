@@ -23,10 +23,10 @@ import os
 
 from experiments import arith_data
 from experiments import report
-from experiments.common import REPO
+from experiments.common import DATA, DOCS, RESULTS
 from experiments.studies.eval_arith import evaluate
 
-PROPOSALS_DIR = os.path.join(REPO, "experiments", "data", "proposals", "tiny-arith")
+PROPOSALS_DIR = os.path.join(DATA, "proposals", "tiny-arith")
 ORDER = ("base", "forward_kl", "reverse_kl", "renyi", "renyi_kl_mix")
 
 
@@ -101,8 +101,8 @@ def main(argv=None):
     ap.add_argument("--k", type=int, default=4)
     ap.add_argument("--limit", type=int, default=500)
     ap.add_argument("--temperature", type=float, default=0.7)
-    ap.add_argument("--out", default=os.path.join(REPO, "experiments", "results", "smc_proposals_tiny-arith.json"))
-    ap.add_argument("--plot", default=os.path.join(REPO, "docs", "figures", "smc_proposals_tiny-arith.png"))
+    ap.add_argument("--out", default=os.path.join(RESULTS, "smc_proposals_tiny-arith.json"))
+    ap.add_argument("--plot", default=os.path.join(DOCS, "figures", "smc_proposals_tiny-arith.png"))
     ap.add_argument("--no-progress", action="store_true")
     args = ap.parse_args(argv)
 

@@ -26,14 +26,12 @@ training.json: command, settings, wall time, final held-out metrics); otherwise 
 
 from __future__ import annotations
 
-import os
 import resource
 
 from experiments import report
-from experiments.common import REPO
+from experiments.common import CORPUS
 from experiments.train import common as train_cli
 
-DEFAULT_CORPUS = os.path.join(REPO, "experiments", "data", "corpus", "smollm2-135m")
 DEFAULTS = {  # per pair: sizes and a budget
     "tiny-code": dict(draft_vocab=0, ttt_steps=5, seq_len=256, batch_size=16, steps=600, lr=2e-3, topk=32,
                       max_tokens=2_000_000, export_dtype="float32"),
@@ -60,7 +58,7 @@ def corpus_and_counts(args, target):
 
 def main(argv=None):
     ap = train_cli.new_parser(__doc__, DEFAULTS)
-    ap.add_argument("--corpus", default=DEFAULT_CORPUS, help="self-distillation corpus directory (smollm2-135m)")
+    ap.add_argument("--corpus", default=CORPUS, help="self-distillation corpus directory (smollm2-135m)")
     ap.add_argument("--no-text", action="store_true", help="train on the corpus's conversations only")
     ap.add_argument("--loss-on", choices=["answers", "all"], default="answers",
                     help="smollm2-135m: supervise (and measure held out) only the target's answer tokens (default, "

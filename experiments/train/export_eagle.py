@@ -13,7 +13,7 @@ import json
 import os
 import sys
 
-from experiments.common import REPO
+from experiments.common import CORPUS, CURVES, REPO
 
 
 
@@ -21,7 +21,7 @@ def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--pair", default="smollm2-135m")
     ap.add_argument("--ckpt", required=True, help="the run's checkpoint directory")
-    ap.add_argument("--corpus", default=os.path.join(REPO, "experiments", "data", "corpus", "smollm2-135m"))
+    ap.add_argument("--corpus", default=CORPUS)
     ap.add_argument("--draft-vocab", type=int, required=True, help="the run's V′ (0: full vocabulary)")
     ap.add_argument("--curves", default=None, help="the run's curves JSON (default: experiments/results/train/<tag>.json)")
     ap.add_argument("--out", required=True)
@@ -49,7 +49,7 @@ def main(argv=None) -> None:
     import jax
     params = jax.tree_util.tree_map(lambda a, b: jax.numpy.asarray(b, a.dtype), drafter.params, raw["state"]["params"])
     tag = os.path.basename(os.path.normpath(args.ckpt))
-    curves = args.curves or os.path.join(REPO, "experiments", "results", "train", tag + ".json")
+    curves = args.curves or os.path.join(CURVES, tag + ".json")
     info = {"checkpoint": os.path.relpath(args.ckpt, REPO), "step": step, "meta": raw["meta"],
             "exported_by": "python -m experiments.train.export_eagle " + " ".join(sys.argv[1:] if argv is None else argv)}
     if os.path.exists(curves):

@@ -20,7 +20,7 @@ import argparse
 import os
 
 from experiments import report
-from experiments.common import REPO
+from experiments.common import CHECKPOINTS, CURVES, SHIPPED
 from experiments.train import common as train_cli
 
 DEFAULTS = {
@@ -83,14 +83,14 @@ def main(argv=None):
           f"objective {objective}", flush=True)
     tag = f"{args.pair}-smc-{args.divergence}" + (f"-a{args.alpha:g}" if "renyi" in args.divergence else "") + \
         f"-t{args.temperature:g}"
-    out = os.path.join(REPO, "models", "shipped", args.pair, "drafters", args.name) if args.export else args.out
+    out = os.path.join(SHIPPED, args.pair, "drafters", args.name) if args.export else args.out
     res = distill_ar_drafter(
         target, draft, corpus, steps=args.steps, lr=args.lr, warmup=max(1, args.steps // 20),
         ce_weight=args.ce_weight, kl_weight=args.div_weight, topk=None, objective=objective,
-        cache_dir=args.cache_dir, ckpt_dir=os.path.join(REPO, "checkpoints", tag), resume=args.resume,
+        cache_dir=args.cache_dir, ckpt_dir=os.path.join(CHECKPOINTS, tag), resume=args.resume,
         overwrite=args.overwrite, out=out, eval_every=args.eval_every, eval_rows=args.eval_rows,
         ckpt_every=args.ckpt_every, progress=not args.no_progress, stop_after=args.stop_after,
-        curves_path=os.path.join(REPO, "experiments", "results", "train", tag),
+        curves_path=os.path.join(CURVES, tag),
         command=report.command(__file__, argv))
     train_cli.print_summary(res, out)
 

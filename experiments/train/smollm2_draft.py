@@ -25,11 +25,11 @@ import sysconfig
 import time
 
 from experiments import report
-from experiments.common import REPO
+from experiments.common import CHECKPOINTS, CURVES, DATA, SHIPPED
 
 
-CHAT_FILE = os.path.join(REPO, "experiments", "data", "smollm2_chat.jsonl")
-OUT = os.path.join(REPO, "models", "shipped", "smollm2-135m", "drafters", "ar-distilled")
+CHAT_FILE = os.path.join(DATA, "smollm2_chat.jsonl")
+OUT = os.path.join(SHIPPED, "smollm2-135m", "drafters", "ar-distilled")
 
 TOPICS = ["the water cycle", "photosynthesis", "black holes", "the French Revolution", "compound interest",
           "machine learning", "the immune system", "climate change", "volcanoes", "the Roman Empire",
@@ -130,7 +130,7 @@ def train(args) -> None:
                              cache_dir=args.cache_dir, ckpt_dir=args.ckpt_dir, resume=args.resume,
                              overwrite=args.overwrite, out=args.out, export_dtype="bfloat16",
                              eval_every=args.eval_every, ckpt_every=args.ckpt_every, eval_rows=args.eval_rows,
-                             curves_path=os.path.join(REPO, "experiments", "results", "train", "smollm2-ar-distilled"),
+                             curves_path=os.path.join(CURVES, "smollm2-ar-distilled"),
                              stop_after=args.stop_after, command=command)
     h = res.history
     print(json.dumps(h["eval"][-1] if h["eval"] else {}, indent=1))
@@ -161,7 +161,7 @@ def main(argv=None):
     t.add_argument("--ckpt-every", type=int, default=50)
     t.add_argument("--stop-after", type=int, default=None)
     t.add_argument("--cache-dir", default=os.path.expanduser("~/.cache/smcsd/teacher"))
-    t.add_argument("--ckpt-dir", default=os.path.join(REPO, "checkpoints", "smollm2-ar-distilled"))
+    t.add_argument("--ckpt-dir", default=os.path.join(CHECKPOINTS, "smollm2-ar-distilled"))
     t.add_argument("--out", default=OUT)
     t.add_argument("--resume", action="store_true")
     t.add_argument("--overwrite", action="store_true")

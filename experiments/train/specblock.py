@@ -17,7 +17,7 @@ import json
 import os
 
 from experiments import report
-from experiments.common import REPO
+from experiments.common import CHECKPOINTS
 from experiments.train import common as train_cli
 
 DEFAULTS = {  # per pair: sizes and a CPU budget (the block drafters' data and anchors)
@@ -64,7 +64,7 @@ def main(argv=None):
         rank, _ = train_rank_head(
             target, trained, corpus, steps=args.rank_steps, num_anchors=args.num_anchors, topk=args.topk,
             seed=args.seed, cache_dir=train_cli.teacher_cache_dir(args),
-            ckpt_dir=os.path.join(REPO, "checkpoints", tag + "-rank"), resume=args.resume, overwrite=args.overwrite,
+            ckpt_dir=os.path.join(CHECKPOINTS, tag + "-rank"), resume=args.resume, overwrite=args.overwrite,
             out=out, export_dtype=args.export_dtype, eval_every=args.eval_every, ckpt_every=args.ckpt_every,
             eval_rows=args.eval_rows, progress=not args.no_progress, command=command)
     print(json.dumps({"final_eval": train_cli.last_eval(res),  # rank_eval second, so not print_summary
