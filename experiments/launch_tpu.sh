@@ -4,10 +4,10 @@
 #
 #   experiments/launch_tpu.sh create                 # create the TPU VM (TPU_TYPE / TPU_VERSION below)
 #   experiments/launch_tpu.sh setup                  # copy this checkout to every worker, install
-#   experiments/launch_tpu.sh bench [bench flags]    # experiments/bench_speed.py on every worker
-#   experiments/launch_tpu.sh overhead [flags]       # experiments/mesh_overhead.py on every worker
+#   experiments/launch_tpu.sh bench [bench flags]    # experiments/bench/speed.py on every worker
+#   experiments/launch_tpu.sh overhead [flags]       # experiments/bench/mesh_overhead.py on every worker
 #   experiments/launch_tpu.sh train [flags]          # `smcsd train-drafter` on every worker (one global mesh)
-#   experiments/launch_tpu.sh corpus [flags]         # experiments/build_corpus.py on every worker (one global mesh)
+#   experiments/launch_tpu.sh corpus [flags]         # experiments/train/build_corpus.py on every worker (one global mesh)
 #   experiments/launch_tpu.sh fetch                  # copy worker 0's experiments/results back
 #   experiments/launch_tpu.sh delete
 #
@@ -41,16 +41,16 @@ num_hosts() {  # hosts in the slice (one network endpoint each); override with N
 }
 
 # A python runner: jax.distributed.initialize() first when the slice has several hosts (it finds the
-# coordinator and this process's id from the TPU metadata), then the script as __main__.
-runner() {  # runner SCRIPT ARGS...
-  local script=$1; shift
+# coordinator and this process's id from the TPU metadata), then the module as __main__.
+runner() {  # runner MODULE ARGS...
+  local module=$1; shift
   printf 'cd ~/%s && SMCSD_NUM_HOSTS=%s python3 -c %q %q %s' "$REMOTE_DIR" "$(num_hosts)" \
     "import os, runpy, sys
 if int(os.environ.get('SMCSD_NUM_HOSTS', '1')) > 1:
     import jax
     jax.distributed.initialize()
 sys.argv = sys.argv[1:]
-runpy.run_path(sys.argv[0], run_name='__main__')" "$script" "$*"
+runpy.run_module(sys.argv[0], run_name='__main__', alter_sys=True)" "$module" "$*"
 }
 
 cmd=${1:-help}; shift || true
@@ -71,15 +71,15 @@ case "$cmd" in
       python3 -c 'import jax; print(jax.process_index(), jax.local_device_count(), jax.device_count())'"
     ;;
   bench)
-    # experiments/bench_speed.py with a device mesh. Batch sizes must be multiples of the data axis.
+    # experiments/bench/speed.py with a device mesh. Batch sizes must be multiples of the data axis.
     if ! grep -q -- '"--mesh"' "$HERE/experiments/bench_speed.py"; then
-      echo "experiments/bench_speed.py has no --mesh flag yet (see experiments/tpu_vm.md, 'bench_speed --mesh');" \
+      echo "experiments/bench/speed.py has no --mesh flag yet (see experiments/tpu_vm.md, 'bench.speed --mesh');" \
            "use '$0 overhead' meanwhile" >&2
       exit 2
     fi
     mesh_flag=()
     if [[ -n "${MESH:-}" ]]; then mesh_flag=(--mesh "$MESH"); fi
-    ssh_all "$(runner experiments/bench_speed.py "${mesh_flag[@]}" --no-progress "$@")"
+    ssh_all "$(runner experiments.bench.speed "${mesh_flag[@]}" --no-progress "$@")"
     ;;
   train|corpus)
     # Drafter training / corpus generation on one global mesh. Every worker runs the same command; with several
@@ -95,12 +95,12 @@ case "$cmd" in
     if [[ "$cmd" == train ]]; then
       ssh_all "cd ~/$REMOTE_DIR && python3 -m smcsd train-drafter ${dist_flag[*]} ${mesh_flag[*]} --no-progress $args_q"
     else
-      ssh_all "cd ~/$REMOTE_DIR && python3 experiments/build_corpus.py ${dist_flag[*]} ${mesh_flag[*]} --no-progress $args_q"
+      ssh_all "cd ~/$REMOTE_DIR && python3 -m experiments.train.build_corpus ${dist_flag[*]} ${mesh_flag[*]} --no-progress $args_q"
     fi
     ;;
   overhead)
-    # experiments/mesh_overhead.py on the real chips: --host-devices 0 keeps the TPU platform.
-    ssh_all "$(runner experiments/mesh_overhead.py --host-devices 0 "$@")"
+    # experiments/bench/mesh_overhead.py on the real chips: --host-devices 0 keeps the TPU platform.
+    ssh_all "$(runner experiments.bench.mesh_overhead --host-devices 0 "$@")"
     ;;
   fetch)
     mkdir -p "$HERE/experiments/results/tpu"

@@ -1,11 +1,10 @@
 """The reporting plumbing the experiment scripts share: where results go, what ran them, how calls are
-timed, and how results are written, tabled and plotted (`from experiments import report`, with the
-repository root on sys.path).
+timed, and how results are written, tabled and plotted (`from experiments import report`).
 
 Each script still builds its own result dict (its keys and their order are its documented schema) and
 its own table cells; these helpers only replace the copies of the plumbing around them. Only the
 standard library is imported at module level (jax and matplotlib inside the helpers that need them), so
-the peer interpreters of bench_real.py and bench_lookup.py, which may lack jax, can import it too.
+the peer interpreters of bench/real.py and bench/lookup.py, which may lack jax, can import it too.
 """
 
 from __future__ import annotations
@@ -19,8 +18,8 @@ import statistics
 import sys
 import time
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-RESULTS = os.path.join(REPO, "experiments", "results")
+from experiments.common import RESULTS
+
 
 
 # ----------------------------------------------------------------------------------- paths and metadata
@@ -59,10 +58,13 @@ def machine_info() -> dict:
 
 
 def command(script: str, argv=None) -> str:
-    """The command line that ran experiments/<basename of script> with `argv` (default: this process's
-    arguments): the `command` field of a result."""
+    """The command line that ran the experiments module at path `script` (a script's `__file__`) with `argv`
+    (default: this process's arguments), `python -m experiments.<sub>.<name> ...`: the `command` field of a
+    result."""
     args = argv if argv is not None else sys.argv[1:]
-    return f"python experiments/{os.path.basename(script)} " + " ".join(args)
+    parts = os.path.normpath(os.path.splitext(script)[0]).split(os.sep)
+    module = ".".join(parts[len(parts) - 1 - parts[::-1].index("experiments"):])
+    return f"python -m {module} " + " ".join(args)
 
 
 # ----------------------------------------------------------------------------------- timing

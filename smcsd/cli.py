@@ -7,8 +7,8 @@ methods' speed, `eval` arithmetic accuracy.
     smcsd bench --config experiments/bench_matrix.toml          # methods x drafters x N, K x batch, per pair
     smcsd eval --method smc --limit 100
 
-`bench` and `eval` run `experiments/bench_speed.py` and `experiments/eval_arith.py` of the source
-checkout (they are scripts, not part of the installed packages). Errors are one line on stderr,
+`bench` and `eval` run the modules `experiments.bench.speed` and `experiments.studies.eval_arith` of the
+source checkout (the `experiments` package is not installed). Errors are one line on stderr,
 `smcsd: error: ...`, with a non-zero exit status; never a traceback for a bad argument
 (set SMCSD_DEBUG=1 to see the traceback of a library error).
 """
@@ -31,7 +31,7 @@ CHAT_MODEL = "smollm2-135m"  # the default of `smcsd chat` (downloaded by `smcsd
 CHAT_EXIT = ("/exit", "/quit")
 RANDOM_MODEL = "random"
 KNOWN_METHODS = ("ar", "sd", "sd-multi", "sd-tree", "smc")  # for --help only; the registry is the authority
-EXPERIMENTS = {"bench": "bench_speed.py", "eval": "eval_arith.py"}
+EXPERIMENTS = {"bench": "experiments.bench.speed", "eval": "experiments.studies.eval_arith"}
 
 
 class CLIError(Exception):
@@ -456,13 +456,13 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--no-plot", action="store_true", help="write the JSON only")
     d.set_defaults(func=cmd_device_check)
 
-    for name, script in EXPERIMENTS.items():
+    for name, module in EXPERIMENTS.items():
         what = ("speed of methods x particles x draft length x batch size: tokens/s, speed-up vs ar, "
                 "target calls per token, acceptance, ESS; JSON, markdown table, speed-vs-accuracy plot"
                 if name == "bench" else
                 "exact-match accuracy of a method on the tiny-arith test set (JSON result)")
         sub.add_parser(name, help=what, add_help=False,
-                       description=f"Runs experiments/{script}; see 'smcsd {name} --help'.")
+                       description=f"Runs {module}; see 'smcsd {name} --help'.")
     return parser
 
 
@@ -515,23 +515,29 @@ def experiments_dir() -> Path:
     return Path(smcsd.__file__).resolve().parent.parent / "experiments"
 
 
-def load_experiment(script: str):
-    """Import experiments/<script> of the source checkout as a module (it is not an installed package)."""
-    path = experiments_dir() / script
+def load_experiment(name: str):
+    """Import the module `name` (`experiments.bench.speed`) of the source checkout's `experiments` package, the
+    folder beside the smcsd package: it is not installed, so from outside the repository it is not on sys.path and
+    is imported from that folder (another package called `experiments` is refused, never run)."""
+    root = experiments_dir()
+    path = root.joinpath(*name.split(".")[1:]).with_suffix(".py")
     if not path.is_file():
         raise CLIError(f"{path} not found: 'smcsd bench' and 'smcsd eval' run the scripts in experiments/ of "
                        "the source checkout; install with 'pip install -e .' from a clone of the repository")
-    name = "_smcsd_experiments_" + path.stem
-    if name in sys.modules:
-        return sys.modules[name]
-    spec = importlib.util.spec_from_file_location(name, path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    try:
-        spec.loader.exec_module(module)
-    except BaseException:
-        del sys.modules[name]
-        raise
+    package = sys.modules.get("experiments")
+    if package is None:
+        spec = importlib.util.spec_from_file_location("experiments", root / "__init__.py",
+                                                      submodule_search_locations=[str(root)])
+        package = importlib.util.module_from_spec(spec)
+        sys.modules["experiments"] = package
+        try:
+            spec.loader.exec_module(package)
+        except BaseException:
+            del sys.modules["experiments"]
+            raise
+    if Path(package.__file__).resolve().parent != root:
+        raise CLIError(f"the package 'experiments' imported here is {package.__file__}, not the checkout's {root}")
+    module = importlib.import_module(name)
     if not callable(getattr(module, "main", None)):
         raise CLIError(f"{path} has no main(argv) function")
     return module
@@ -556,7 +562,7 @@ def _as_subcommand(name: str):
 
 def run_experiment(name: str, argv: list[str]) -> int:
     if name == "bench" and any(a == "--config" or a.startswith("--config=") for a in argv):
-        module = load_experiment("bench_matrix.py")  # the method x drafter matrix from a config file
+        module = load_experiment("experiments.bench.matrix")  # the method x drafter matrix from a config file
     else:
         module = load_experiment(EXPERIMENTS[name])
     asks_help = any(a in ("-h", "--help") for a in argv)
@@ -564,7 +570,7 @@ def run_experiment(name: str, argv: list[str]) -> int:
         import smcsd
         if "tiny-arith" not in smcsd.available_models():
             raise CLIError("'smcsd eval' needs the shipped tiny-arith pair, which this installation lacks "
-                           "(train it with experiments/train_pair.py), or --pair-dir DIR with target/ and draft/")
+                           "(train it with python -m experiments.train.pair), or --pair-dir DIR with target/ and draft/")
     with _as_subcommand(name):
         try:
             out = module.main(argv) if "prog" not in _params(module.main) else module.main(argv, prog=f"{PROG} {name}")

@@ -1,7 +1,7 @@
 """The cost model: what one model call, and one decoding cycle of each method, costs on a device.
 
-Every accelerator figure the project states is a projection of this model (experiments/cost_model.py,
-experiments/projections.py, experiments/paper_check.py build on it); `smcsd.device_check` measures the same calls and
+Every accelerator figure the project states is a projection of this model (experiments/studies/cost_model.py,
+experiments/studies/projections.py, experiments/studies/paper_check.py build on it); `smcsd.device_check` measures the same calls and
 cycles on a real backend and refits the model's constants (`fit_device`).
 
 A call is a roofline call (Williams et al. 2009):
@@ -106,7 +106,7 @@ def chip_preset(device_kind: str) -> str | None:
 
 
 def tensor_parallel(dev: Device, chips: int, allreduce_s: float) -> Device:
-    """`dev` x `chips` in tensor parallel (experiments/paper_check.py's 4xH100): the chips' summed HBM bandwidth and
+    """`dev` x `chips` in tensor parallel (experiments/studies/paper_check.py's 4xH100): the chips' summed HBM bandwidth and
     FLOP rate, and per layer the fixed overhead plus two all-reduces (after attention and after the MLP) of
     `allreduce_s` each. One chip: `dev` unchanged."""
     if chips <= 1:

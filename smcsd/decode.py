@@ -24,7 +24,7 @@ from .stats import DecodeResult, DecodeStats, finish_stats
 _SELECT = ("sample", "argmax")
 
 # Defaults of method, num_particles and num_speculative_tokens: smcsd/defaults.py (measured per pair, backend and
-# drafter by experiments/choose_defaults.py; docs/methods.md, "Defaults").
+# drafter by experiments/studies/choose_defaults.py; docs/methods.md, "Defaults").
 
 
 def _parse_tree(tree):
@@ -124,7 +124,7 @@ def _resolve_models(target, draft):
     return target, as_drafter(draft)
 
 
-SMC_PROPOSAL = "smc-proposal"  # the drafter name of a pair's proposal trained for SMC (experiments/train_smc_proposal.py)
+SMC_PROPOSAL = "smc-proposal"  # the drafter name of a pair's proposal trained for SMC (experiments/train/smc_proposal.py)
 
 
 def _target_pair(target) -> str:
@@ -314,7 +314,7 @@ def prepare(
     mesh=None,
 ) -> Prepared:
     """Check a `decode` call's arguments and lay it out (static spec, traced inputs, params), without compiling or
-    running it: what `decode` runs, and what profilers (experiments/profile_smc.py) take apart. See `decode`."""
+    running it: what `decode` runs, and what profilers (experiments/bench/profile_smc.py) take apart. See `decode`."""
     _check_prompt_or_messages(prompt, messages)
     if method == "flex" and draft is None:  # the target drafts for itself with its pair's FlexDraft adapters
         target, draft = _pair_flex(target)

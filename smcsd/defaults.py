@@ -1,6 +1,6 @@
 """`decode`'s defaults: the method and (N, K) it runs when the caller leaves them out.
 
-For a shipped or fetchable pair they were chosen by measurement (`experiments/choose_defaults.py`) and are stored
+For a shipped or fetchable pair they were chosen by measurement (`experiments/studies/choose_defaults.py`) and are stored
 with the pair in `models/shipped/<pair>/decode_defaults.json`, per backend ("cpu", and "accelerator" for GPU/TPU,
 where a call over many tokens costs about what one token costs) and per drafter: the fastest setting whose
 quality is within tolerance of `ar`, never slower than `ar` (which is itself a candidate, so a pair whose drafters
@@ -23,7 +23,7 @@ SCHEMA = "smcsd.decode_defaults/1"
 FILENAME = "decode_defaults.json"
 
 # (N, K) per method when nothing better is known: sd K=4 and sd-multi N=4 K=4 are exact whatever the drafter;
-# smc's N=4 K=4 is the middle of experiments/choose_defaults.py's grid.
+# smc's N=4 K=4 is the middle of experiments/studies/choose_defaults.py's grid.
 METHOD_DEFAULTS = {"sd": (1, 4), "sd-multi": (4, 4), "smc": (4, 4), "sd-tree": (1, 4), "sd-overlap": (1, 4)}
 GENERIC_METHOD = "sd"  # with a drafter and no stored choice: exact, and the usual speed-up
 
@@ -53,13 +53,13 @@ def load_defaults(pair: str) -> dict | None:
     with open(path) as f:
         data = json.load(f)
     if data.get("schema") != SCHEMA:
-        raise ValueError(f"{path}: schema {data.get('schema')!r} is not {SCHEMA!r}; rerun experiments/choose_defaults.py")
+        raise ValueError(f"{path}: schema {data.get('schema')!r} is not {SCHEMA!r}; rerun experiments/studies/choose_defaults.py")
     return data
 
 
 def default_drafter(pair: str) -> str | None:
     """The drafter `smcsd.load(pair)` gives on this backend when none is named: the stored `default_drafter` (the
-    drafter whose measured default setting is fastest, written by experiments/choose_defaults.py), else None."""
+    drafter whose measured default setting is fastest, written by experiments/studies/choose_defaults.py), else None."""
     stored = load_defaults(pair)
     if stored is None:
         return None
@@ -108,7 +108,7 @@ def choose(target, draft, method: str | None) -> Choice:
     return Choice(method, n, k, "generic")
 
 
-# sd-tree's tree when none is given (depth = num_speculative_tokens, default 4), from experiments/tree_bench.py:
+# sd-tree's tree when none is given (depth = num_speculative_tokens, default 4), from experiments/bench/tree.py:
 # - cpu: 9 verified tokens ("2,1,1,1", or a D²SD chain + 1 branch). This CPU turns compute-bound past ~8-16 tokens
 #   per call: on SmolLM2 at batch 1 every family lost tokens/s from budget 5 to 9 to 13 (the extra accepted tokens
 #   did not pay for the wider call), and 9 is the smallest budget that is a tree at all;

@@ -42,7 +42,7 @@ SCHEMA = "smcsd.device_check/1"
 FIT_SCHEMA = "smcsd.device_check_fit/1"
 DEFAULT_BUDGET_S = 360.0  # real shapes: 6 minutes on one H200, compile time included
 TOY_BUDGET_S = 110.0  # the toy: under 2 minutes on a 2-core CPU, start-up included
-DEFAULT_ACCEPTANCE = 0.81  # the per-token acceptance every Llama-8B/1B projection assumes (experiments/projections.py)
+DEFAULT_ACCEPTANCE = 0.81  # the per-token acceptance every Llama-8B/1B projection assumes (experiments/studies/projections.py)
 BACKENDS = ("gpu", "tpu", "cpu")
 WEIGHTS_FRACTION = 0.6  # a pair is built only if its weights take at most this fraction of the device's memory
 TOP_FIELDS = ("schema", "created", "finished", "toy", "backend", "requested_backend", "fallback", "device",
@@ -814,7 +814,7 @@ def _row_label(r: dict) -> str:
 def fit(results, out: str | None = None, progress: bool = True) -> dict:
     """Refit the cost model's constants from a device-check results file (or its dict); write them to `out` (JSON)
     if given and print a table. The fitted device (`fitted_device`) loads with `smcsd.cost_model.device_from_dict`;
-    `python experiments/cost_model.py --fitted FILE` projects with it."""
+    `python -m experiments.studies.cost_model --fitted FILE` projects with it."""
     from . import cost_model as cm
     if isinstance(results, (str, os.PathLike)):
         path = os.fspath(results)

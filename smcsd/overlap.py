@@ -428,7 +428,7 @@ def overlap_step_model(t_verify: float, t_draft: float, t_transfer: float = 0.0)
     Against plain `sd` on the whole batch, mind what a half costs: when calls are memory-bound (small batches on an
     accelerator) a half-batch verification costs about a whole-batch one, and two half-steps lose to one sd cycle;
     MineDraft therefore keeps twice the requests in flight (halves the size of sd's batch), where the gain is
-    (t_verify + t_draft) / (max(t_verify, t_draft) + t_transfer) (experiments/cost_model.py `overlap_projection`).
+    (t_verify + t_draft) / (max(t_verify, t_draft) + t_transfer) (experiments/studies/cost_model.py `overlap_projection`).
     Returns both step times and the predicted speed-up."""
     seq = t_verify + t_draft
     ov = max(t_verify, t_draft) + t_transfer

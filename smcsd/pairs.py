@@ -4,7 +4,7 @@ A pair is a target plus the drafters made for it. The targets come from `models.
 the fetchable SmolLM2); the drafters are:
 - model drafters shipped in the package: `models/shipped/<pair>/draft/` is the pair's `ar` drafter and
   `models/shipped/<pair>/drafters/<name>/` holds the others (`ar-distilled`, later `dflash`, `pard2`, ...), each a
-  checkpoint directory (config.json + model.safetensors, as `experiments/train_pair.py` and `smcsd.train` export);
+  checkpoint directory (config.json + model.safetensors, as `experiments/train/pair.py` and `smcsd.train` export);
 - parameter-free drafters that work with any target: `prompt-lookup`.
 Names say the kind: `ar`, `ar-distilled`, `prompt-lookup`, `dflash`, `dflash-dpace`, `d2sd` (a `D2SDDrafter`: its
 variable-prefix network with a `d2sd.json` naming the main block drafter), `pard2` (a `PARD2Drafter`), `dels` (a

@@ -119,7 +119,7 @@ def share_prefix() -> bool:
 @contextlib.contextmanager
 def prefix_sharing(on: bool):
     """Programs built inside keep the prompt once per request (on) or copy it into every particle (off: the old
-    layout, for comparisons in tests and experiments/profile_smc.py). The compile cache is cleared on entry and
+    layout, for comparisons in tests and experiments/bench/profile_smc.py). The compile cache is cleared on entry and
     exit, since the switch is not part of a program's key."""
     from .engine import clear_compile_cache
     _SHARING.append(bool(on))

@@ -98,7 +98,7 @@ def test_generate_shipped_default_pair(capsys):
 
 @pytest.mark.slow  # default-run budget (CI's slow lane runs it)
 def test_bench_one_cell(capsys, tmp_path):
-    bench = cli.load_experiment("bench_speed.py")
+    bench = cli.load_experiment("experiments.bench.speed")
     out_json = tmp_path / "bench.json"
     code, out, err = run(capsys, "bench", "--model", "random", "--cells", "smc,N=2,K=2", "--batch-sizes", "1",
                          "--max-new-tokens", "8", "--repeats", "2", "--warmup", "0", "--out", str(out_json),
@@ -119,7 +119,7 @@ def test_bench_one_cell(capsys, tmp_path):
 
 
 def test_bench_pareto_helpers():
-    bench = cli.load_experiment("bench_speed.py")
+    bench = cli.load_experiment("experiments.bench.speed")
     assert bench.pareto_front([(10, 0.5), (5, 0.9), (4, 0.8), (12, 0.4), (10, 0.6)]) == {1, 3, 4}
     cells = bench.make_cells(["ar", "sd", "smc"], [1, 4], [2, 4], [3])
     assert [c.label for c in cells if c.batch_size == 1] == ["ar", "sd K=3", "smc N=2 K=3", "smc N=4 K=3"]
@@ -128,7 +128,7 @@ def test_bench_pareto_helpers():
 
 def test_make_docs_from_existing_results(tmp_path):
     """make_docs --no-run renders the page from whatever JSON is there (no benchmark is run)."""
-    docs = cli.load_experiment("make_docs.py")
+    docs = cli.load_experiment("experiments.docs.make_docs")
     page = tmp_path / "benchmarks.md"
     assert docs.main(["--no-run", "--quick", "--out", str(page)]) == 0
     text = page.read_text()
@@ -215,10 +215,9 @@ def test_bad_arguments_one_line(capsys, argv, name):
 def test_bench_without_the_repo_is_one_clear_line(capsys, monkeypatch, tmp_path):
     """Installed without the source checkout, bench/eval say where the scripts should be."""
     monkeypatch.setattr(cli, "experiments_dir", lambda: tmp_path / "experiments")
-    monkeypatch.delitem(sys.modules, "_smcsd_experiments_bench_speed", raising=False)
     code, out, err = run(capsys, "bench", "--model", "random")
     assert code != 0 and err.count("\n") == 1
-    assert err.startswith("smcsd: error:") and "bench_speed.py not found" in err
+    assert err.startswith("smcsd: error:") and os.path.join("experiments", "bench", "speed.py") + " not found" in err
 
 
 def test_entry_point_subprocess():

@@ -7,7 +7,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-import sys
 
 import numpy as np
 import pytest
@@ -165,10 +164,8 @@ def test_plan_puts_the_headline_cycles_first_and_covers_the_grid():
 
 
 def test_experiments_cost_model_is_the_library_one():
-    """experiments/cost_model.py re-exports the library's formulas (one copy), so its callers and the check agree."""
-    sys.path.insert(0, os.path.join(REPO, "experiments"))
-    import cost_model  # noqa: E402
-    import roofline  # noqa: E402
+    """experiments.studies.cost_model re-exports the library's formulas (one copy), so its callers and the check agree."""
+    from experiments.studies import cost_model, roofline
     for name in ("call_time", "cycle_cost", "steady_state", "solve_acceptance", "expected_tokens", "tensor_parallel",
                  "DEVICES", "Device"):
         assert getattr(cost_model, name) is getattr(cm, name), name

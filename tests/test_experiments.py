@@ -1,4 +1,4 @@
-"""The study scripts experiments/exactness.py, roofline.py and cost_model.py, run in-process in quick
+"""The study scripts experiments.studies.exactness, roofline and cost_model, run in-process in quick
 mode: their JSON has the documented fields, the exact methods sit on the sampling-noise floor while
 smc's TV falls with N, and the cost model reproduces this machine's measured speed-ups within 30%."""
 
@@ -7,17 +7,13 @@ from __future__ import annotations
 import json
 import math
 import os
-import sys
 
 import pytest
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, os.path.join(REPO, "experiments"))
+from experiments import report
+from experiments.studies import cost_model, exactness, roofline
 
-import cost_model  # noqa: E402
-import exactness  # noqa: E402
-import report  # noqa: E402
-import roofline  # noqa: E402
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def _load(path):
@@ -28,7 +24,7 @@ def _load(path):
 # ----------------------------------------------------------------------------- the shared reporting helpers
 
 def test_report_helpers(tmp_path):
-    """experiments/report.py: the table, number, JSON and scheduling helpers the scripts share."""
+    """experiments.report: the table, number, JSON and scheduling helpers the scripts share."""
     table = report.markdown_table(["a", "b"], [[1, "x"], ["–", 2.5]])
     assert table == "| a | b |\n|---|---|\n| 1 | x |\n| – | 2.5 |"
     assert report.markdown_table(["N"], [], align="---:") == "| N |\n|---:|"
@@ -45,7 +41,7 @@ def test_report_helpers(tmp_path):
     median, times = report.timed(lambda: calls.append("call") or 1.0, 3, warmup=2,
                                  reset=lambda _: calls.append("reset"))
     assert len(times) == 3 and median == sorted(times)[1] and calls == ["call", "reset"] * 5
-    assert report.command("/somewhere/experiments/bench_x.py", ["--a", "1"]) == "python experiments/bench_x.py --a 1"
+    assert report.command("/somewhere/experiments/bench/x.py", ["--a", "1"]) == "python -m experiments.bench.x --a 1"
     assert report.results_path("x.json") == os.path.join(REPO, "experiments", "results", "x.json")
 
 
@@ -139,7 +135,7 @@ def test_overlap_and_flex_models():
 
 
 def test_paper_check(tmp_path):
-    import paper_check
+    from experiments.studies import paper_check
     out = tmp_path / "pc.json"
     paper_check.main(["--out", str(out)])
     res = _load(out)
@@ -152,7 +148,7 @@ def test_paper_check(tmp_path):
 
 @pytest.mark.slow  # default-run budget (<= 10 min on 2 cores); CI runs it with -m slow
 def test_cost_model_measures_and_predicts(tmp_path):
-    """experiments/cost_model.py measures this machine (bandwidth, matmul rate, sampling cost, acceptance), predicts
+    """experiments.studies.cost_model measures this machine (bandwidth, matmul rate, sampling cost, acceptance), predicts
     ar/sd/smc speed-ups from those constants, times the same methods, and reports both with a consistent verdict.
 
     Whether prediction and measurement agree within the 30 % tolerance is a benchmark result
@@ -188,10 +184,9 @@ def test_cost_model_measures_and_predicts(tmp_path):
 
 @pytest.mark.slow  # default-run budget
 def test_block_drafters_quick(tmp_path):
-    """experiments/block_drafters.py on tiny-code: an AR and a block drafter side by side; the block drafter makes
+    """experiments.studies.block_drafters on tiny-code: an AR and a block drafter side by side; the block drafter makes
     one drafter call per cycle and reads fewer weights per cycle than K passes of the AR drafter."""
-    sys.path.insert(0, REPO)
-    from experiments import block_drafters
+    from experiments.studies import block_drafters
     out = tmp_path / "bd.json"
     block_drafters.main(["--pair", "tiny-code", "--drafters", "ar", "dflash-dpace", "--ks", "3", "--temperatures", "0",
                          "--prompts", "2", "--new-tokens", "8", "--out", str(out)])
@@ -206,10 +201,9 @@ def test_block_drafters_quick(tmp_path):
 
 @pytest.mark.slow  # ~50 s of compiles; default-run budget
 def test_profile_smc_quick(tmp_path):
-    """experiments/profile_smc.py on tiny-code: a cycle split into its parts, with the prompt shared and copied; the
+    """experiments.bench.profile_smc on tiny-code: a cycle split into its parts, with the prompt shared and copied; the
     shared prompt makes a resampling move fewer bytes (the particles' own slots only)."""
-    sys.path.insert(0, REPO)
-    from experiments import profile_smc
+    from experiments.bench import profile_smc
     out = tmp_path / "prof.json"
     profile_smc.main(["--pair", "tiny-code", "--n", "2", "--k", "2", "--repeats", "2", "--warm-cycles", "1",
                       "--max-new-tokens", "12", "--out", str(out)])
@@ -225,9 +219,8 @@ def test_profile_smc_quick(tmp_path):
 
 @pytest.mark.slow  # ~25 s; default-run budget
 def test_fidelity_quick(tmp_path):
-    """experiments/fidelity.py on tiny-arith: ar and smc outputs scored under p_T with confidence intervals."""
-    sys.path.insert(0, REPO)
-    from experiments import fidelity
+    """experiments.studies.fidelity on tiny-arith: ar and smc outputs scored under p_T with confidence intervals."""
+    from experiments.studies import fidelity
     out = tmp_path / "fid.json"
     fidelity.main(["--pair", "tiny-arith", "--n", "2", "--prompts", "6", "--samples", "2", "--max-new-tokens", "16",
                    "--out", str(out)])
@@ -240,10 +233,9 @@ def test_fidelity_quick(tmp_path):
 
 @pytest.mark.slow  # ~40 s; default-run budget
 def test_choose_defaults_quick(tmp_path):
-    """experiments/choose_defaults.py on tiny-arith with a small grid: the choice per backend is the fastest
+    """experiments.studies.choose_defaults on tiny-arith with a small grid: the choice per backend is the fastest
     candidate that passes, and ar is always among the candidates."""
-    sys.path.insert(0, REPO)
-    from experiments import choose_defaults
+    from experiments.studies import choose_defaults
     out = tmp_path / "cd.json"
     choose_defaults.main(["--pair", "tiny-arith", "--drafters", "ar-distilled", "--sd-ks", "2", "--smc", "2:2",
                           "--prompts", "1", "--rounds", "1", "--max-new-tokens", "12", "--quality-prompts", "8",
@@ -259,10 +251,9 @@ def test_choose_defaults_quick(tmp_path):
 
 @pytest.mark.slow  # ~50 s of compiles; default-run budget
 def test_bench_pair_quick(tmp_path):
-    """experiments/bench_smollm2_pair.py on tiny-code at two batch sizes: every cell per batch, ratios against that
+    """experiments.bench.smollm2_pair on tiny-code at two batch sizes: every cell per batch, ratios against that
     batch's ar, and decode's own default cell running the pair's stored choice."""
-    sys.path.insert(0, REPO)
-    from experiments import bench_smollm2_pair
+    from experiments.bench import smollm2_pair as bench_smollm2_pair
     from smcsd.defaults import backend, load_defaults
     out = tmp_path / "bench.json"
     bench_smollm2_pair.main(["--pair", "tiny-code", "--drafters", "ar-distilled", "--sd-ks", "2", "--smc", "2:2",
@@ -280,10 +271,9 @@ def test_bench_pair_quick(tmp_path):
 
 @pytest.mark.slow  # ~60 s of compiles; default-run budget
 def test_tree_bench_quick(tmp_path):
-    """experiments/tree_bench.py on tiny-code: every family at budgets 5 and 9, tokens per call in [1, budget],
+    """experiments.bench.tree on tiny-code: every family at budgets 5 and 9, tokens per call in [1, budget],
     projections positive, and a chain's budget is its K + 1."""
-    sys.path.insert(0, REPO)
-    from experiments import tree_bench
+    from experiments.bench import tree as tree_bench
     out = tmp_path / "tree.json"
     assert tree_bench.main(["--pair", "tiny-code", "--quick", "--out", str(out)]) == 0
     rows = _load(out)["rows"]
@@ -300,7 +290,7 @@ def test_tree_bench_quick(tmp_path):
 def test_bench_matrix_cells_and_config_errors(tmp_path):
     """Expansion: ar once per batch size, flex only with its adapters, the other methods per drafter x K (x N), and
     every cell that cannot run skipped with its reason; config errors are one clear SystemExit."""
-    import bench_matrix
+    from experiments.bench import matrix as bench_matrix
     import smcsd
     from smcsd.drafters import PromptLookup
 
@@ -340,7 +330,7 @@ def test_bench_matrix_cells_and_config_errors(tmp_path):
 def test_bench_matrix_releases_compiled_programs():
     """Compiled programs hold memory mappings (a full matrix once ran out of them); release_programs frees them."""
     import smcsd
-    from bench_matrix import release_programs
+    from experiments.bench.matrix import release_programs
 
     def maps():
         with open("/proc/self/maps") as f:
@@ -384,7 +374,7 @@ def test_bench_matrix_runs_from_the_cli(tmp_path):
 def test_demo_falls_back_and_prints_the_speedup(capsys, monkeypatch):
     """The README's main job: with the registry unreachable it says so and decodes the shipped tiny-code pair, the same
     prompts by ar and by decode's default, and prints the measured speed-up."""
-    import demo
+    from experiments import demo
     import smcsd
 
     def offline(name, **kw):
@@ -396,3 +386,86 @@ def test_demo_falls_back_and_prints_the_speedup(capsys, monkeypatch):
     assert "NOTE: could not fetch smollm2-135m" in out and "falling back to the shipped tiny-code pair" in out
     assert out.count("prompt: ") == len(demo.CODE) and "--- ar:" in out and "same text" in out
     assert "speed-up of " in out and " over ar on this machine: " in out
+
+
+# ----------------------------------------------------------------------------- the package's shape
+
+def _experiment_modules() -> dict[str, str]:
+    """{dotted module name: path} of every module of the experiments package."""
+    root = os.path.join(REPO, "experiments")
+    mods = {}
+    for dirpath, dirnames, filenames in os.walk(root):
+        dirnames[:] = sorted(d for d in dirnames if os.path.isfile(os.path.join(dirpath, d, "__init__.py")))
+        for f in sorted(filenames):
+            if f.endswith(".py"):
+                rel = os.path.relpath(os.path.join(dirpath, f), REPO)[:-3].split(os.sep)
+                name = ".".join(rel[:-1] if rel[-1] == "__init__" else rel)
+                mods[name] = os.path.join(dirpath, f)
+    return mods
+
+
+def test_experiments_is_a_package_without_path_edits_or_cycles():
+    """Every script is a module of the `experiments` package: none edits sys.path, none imports a private name from
+    another module, and the imports between them (at any depth, lazy ones included) form no cycle."""
+    import ast
+    mods = _experiment_modules()
+    assert {"experiments.common", "experiments.bench.speed", "experiments.studies.eval_arith",
+            "experiments.train.pair", "experiments.docs.make_docs"} <= set(mods)
+    graph, problems = {}, []
+    for name, path in mods.items():
+        with open(path) as f:
+            tree = ast.parse(f.read(), path)
+        package = name if path.endswith("__init__.py") else name.rpartition(".")[0]
+        deps = set()
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Attribute) and node.attr == "path" and getattr(node.value, "id", None) == "sys":
+                problems.append(f"{name}:{node.lineno} uses sys.path")
+            if isinstance(node, ast.Import):
+                deps |= {a.name for a in node.names if a.name.split(".")[0] == "experiments"}
+            elif isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level:  # relative: resolve against this module's package
+                    base = ".".join(package.split(".")[:len(package.split(".")) - node.level + 1] + ([base] if base else []))
+                if base.split(".")[0] != "experiments":
+                    continue
+                for a in node.names:
+                    sub = f"{base}.{a.name}"
+                    if sub in mods:  # `from experiments.bench import speed`
+                        deps.add(sub)
+                    else:  # `from experiments.common import REPO`
+                        deps.add(base)
+                        if a.name.startswith("_"):
+                            problems.append(f"{name}:{node.lineno} imports the private {base}.{a.name}")
+        graph[name] = {d for d in deps if d in mods and d != name}
+    assert not problems, problems
+    state = {}  # depth-first search: 1 on the stack, 2 done
+
+    def visit(node, stack):
+        state[node] = 1
+        for dep in sorted(graph[node]):
+            if state.get(dep) == 1:
+                raise AssertionError("import cycle: " + " -> ".join(stack[stack.index(dep):] + [dep]))
+            if dep not in state:
+                visit(dep, stack + [dep])
+        state[node] = 2
+
+    for name in sorted(graph):
+        if name not in state:
+            visit(name, [name])
+
+
+def test_every_experiments_module_imports_without_running():
+    """Importing any script runs nothing (the work is in main(), behind `if __name__ == "__main__"`): all of them
+    import in one fresh interpreter, quickly, without touching jax's devices or the environment."""
+    import subprocess
+    import sys
+    names = sorted(_experiment_modules())
+    code = ("import importlib, os, sys, time\nenv = dict(os.environ)\nt = time.perf_counter()\n"
+            f"for name in {names!r}:\n    importlib.import_module(name)\n"
+            "assert dict(os.environ) == env, 'an import changed the environment'\n"
+            "jax = sys.modules.get('jax')\n"
+            "assert jax is None or not jax._src.xla_bridge._backends, 'an import initialised a jax backend'\n"
+            "print(f'{time.perf_counter() - t:.1f}')")
+    r = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert float(r.stdout.split()[-1]) < 60, r.stdout

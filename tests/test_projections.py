@@ -1,21 +1,18 @@
-"""experiments/projections.py: the cost-model table of every method on H100 / TPU v5e (analytic, seconds): a row for
+"""experiments.studies.projections: the cost-model table of every method on H100 / TPU v5e (analytic, seconds): a row for
 every (device, pair, method), `ar` the reference of every ratio, a reason on every skipped row, acceptance that
-really drives `sd`, and the 70B/1B numbers of experiments/paper_check.py reproduced."""
+really drives `sd`, and the 70B/1B numbers of experiments.studies.paper_check reproduced."""
 
 from __future__ import annotations
 
 import itertools
 import json
 import os
-import sys
 
 import pytest
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, os.path.join(REPO, "experiments"))
+from experiments.studies import cost_model, projections
 
-import cost_model  # noqa: E402
-import projections  # noqa: E402
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 LLAMA = list(projections.LLAMA_PAIRS)
 
@@ -61,8 +58,8 @@ def test_every_device_pair_method_has_a_row(tmp_path):
 
 
 def test_70b_matches_paper_check(tmp_path):
-    """The same device (4xH100 tensor-parallel), acceptance and K as experiments/paper_check.py: the same ar and sd."""
-    import paper_check
+    """The same device (4xH100 tensor-parallel), acceptance and K as experiments.studies.paper_check: the same ar and sd."""
+    from experiments.studies import paper_check
     paper_check.main(["--out", str(tmp_path / "pc.json")])
     with open(tmp_path / "pc.json") as f:
         pc = {r["method"]: r["predicted_tokens_per_s"] for r in json.load(f)["rows"] if r["model"] == "roofline"}

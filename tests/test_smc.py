@@ -546,7 +546,7 @@ def test_top_k_target_is_reached_as_n_grows():
 
     (A draft truncated by the same top-k leaves outputs unreachable; on this toy their p_T mass is 0.086,
     where smc's TV used to plateau.) Bound: the exact samplers' noise floor here is E[TV] ~0.005 with
-    sd ~0.002 for n = 20 000 (experiments/exactness.py computes both), plus an SMC bias at N = 64 of
+    sd ~0.002 for n = 20 000 (experiments/studies/exactness.py computes both), plus an SMC bias at N = 64 of
     ~0.01 (as in the temperature-1 case above): 0.03 leaves > 5 sd of room and is far below 0.086.
     """
     from toys import exact_distribution, sample_counts, tiny_pair

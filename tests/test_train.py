@@ -1,18 +1,13 @@
-"""Training of the shipped pairs (experiments/train_pair.py): exact resume from an orbax checkpoint,
+"""Training of the shipped pairs (experiments.train.pair): exact resume from an orbax checkpoint,
 the data generator's determinism and train/test disjointness, and the export round trip."""
-
-import os
-import sys
 
 import jax
 import numpy as np
 import pytest
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-from experiments import arith_data  # noqa: E402
-from experiments import train_pair as tp  # noqa: E402
-from smcsd.models import ModelConfig  # noqa: E402
+from experiments import arith_data, code_data
+from experiments.train import pair as tp
+from smcsd.models import ModelConfig
 
 TINY = ModelConfig(vocab_size=259, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
                    num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=128)
@@ -75,9 +70,9 @@ def test_arith_data_is_deterministic_and_disjoint_from_the_test_set():
 
 
 def test_code_split_is_by_file_and_deterministic():
-    assert tp._is_heldout("json/decoder.py") == tp._is_heldout("json/decoder.py")
-    files = [rel for rel, _ in tp.stdlib_files()]
-    held = [f for f in files if tp._is_heldout(f)]
+    assert code_data.is_heldout("json/decoder.py") == code_data.is_heldout("json/decoder.py")
+    files = [rel for rel, _ in code_data.stdlib_files()]
+    held = [f for f in files if code_data.is_heldout(f)]
     assert 0.02 < len(held) / len(files) < 0.09
 
 

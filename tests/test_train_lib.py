@@ -3,19 +3,16 @@ exact resume of the generic loop, the clear errors, and a short distillation tha
 
 import json
 import os
-import sys
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # experiments/
-
-from smcsd.models import ByteTokenizer, ModelConfig, forward_full, init_model  # noqa: E402
-from smcsd.train import (TeacherStream, TextCorpus, ar_distill_loss, check_vocab, distill_ar_drafter,  # noqa: E402
+from smcsd.models import ByteTokenizer, ModelConfig, forward_full, init_model
+from smcsd.train import (TeacherStream, TextCorpus, ar_distill_loss, check_vocab, distill_ar_drafter,
                          losses, train)
-from smcsd.train import cli as train_cli  # noqa: E402
+from smcsd.train import cli as train_cli
 
 TOK = ByteTokenizer()
 
@@ -340,13 +337,13 @@ def test_train_drafter_cli_end_to_end(target, draft, tmp_path, capsys):
     argv = ["--target", str(tmp_path / "target"), "--corpus", str(tmp_path / "corpus"), "--out",
             str(tmp_path / "out"), "--init", str(tmp_path / "init"), "--steps", "30", "--lr", "1e-2", "--warmup", "3",
             "--batch-size", "8", "--seq-len", "16", "--heldout-frac", "0.1", "--topk", "0", "--no-progress"]
-    from experiments import train_drafter  # the thin script: the same parser and run()
+    from experiments.train import drafter as train_drafter  # the thin script: the same parser and run()
     assert train_drafter.main(argv) == 0
     assert "exported to" in capsys.readouterr().out
     info = json.loads((tmp_path / "out" / "training.json").read_text())
     assert info["run"]["draft_config"] == DRAFT.to_dict() and info["run"]["topk"] is None
     assert info["corpus"]["documents"] == len(texts()) and info["commands"][0]["command"].startswith(
-        "python experiments/train_drafter.py --target")
+        "python -m experiments.train.drafter --target")
     assert os.path.exists(tmp_path / "out" / "curves.png") and os.path.isdir(tmp_path / "out-ckpt")
     with pytest.raises(ValueError, match="checkpoints exist .* --resume .* --overwrite"):  # in OUT-ckpt
         train_cli.run(train_cli.build_parser().parse_args(argv))

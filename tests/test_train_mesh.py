@@ -305,7 +305,7 @@ def test_experiment_training_scripts_take_a_mesh(tmp_path):
     """The experiments' training scripts share `smcsd train-drafter`'s device flags: `--mesh 1x1` trains and records
     the placement (what `--mesh 4x2 --distributed` does on a slice), and a bad spec is a clear error."""
     repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    base = [sys.executable, os.path.join(repo, "experiments", "train_eagle.py"), "--pair", "tiny-code", "--steps", "2",
+    base = [sys.executable, "-m", "experiments.train.eagle", "--pair", "tiny-code", "--steps", "2",
             "--batch-size", "2", "--seq-len", "32", "--ttt-steps", "2", "--max-tokens", "20000", "--eval-every", "2",
             "--eval-rows", "2", "--no-progress", "--ckpt-dir", str(tmp_path / "ck"), "--out", str(tmp_path / "out"),
             "--curves-dir", str(tmp_path / "curves")]

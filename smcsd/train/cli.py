@@ -5,7 +5,7 @@
     smcsd train-drafter ... --resume          # continue after an interruption (same settings)
 
 `add_parser(subparsers)` registers the subcommand (its `func` is `run`); `build_parser()` gives a
-standalone parser (experiments/train_drafter.py). Errors are ValueError / FileNotFoundError with a
+standalone parser (experiments/train/drafter.py). Errors are ValueError / FileNotFoundError with a
 message naming the argument, which the `smcsd` entry point prints as one line.
 """
 
@@ -121,7 +121,7 @@ def parse_draft_config(spec: str | None, target_config):
 # ----------------------------------------------------------------------------------------------- parser
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    """The options of `train-drafter` (shared by the subcommand and experiments/train_drafter.py)."""
+    """The options of `train-drafter` (shared by the subcommand and experiments/train/drafter.py)."""
     m = p.add_argument_group("models")
     m.add_argument("--target", required=True, metavar="NAME|PATH",
                    help="the target: a model name (a shipped pair's target, e.g. tiny-code, or a fetchable model "

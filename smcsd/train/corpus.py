@@ -732,7 +732,7 @@ class SelfDistilledCorpus:
         mpath = os.path.join(path, "manifest.json")
         if not os.path.exists(mpath):
             raise FileNotFoundError(f"{path} has no manifest.json: build it with smcsd.train.corpus.build_corpus "
-                                    "(python -m experiments.build_corpus)")
+                                    "(python -m experiments.train.build_corpus)")
         with open(mpath) as f:
             self.manifest = json.load(f)
         if tokenizer is not None and tokenizer_fingerprint(tokenizer) != self.manifest["tokenizer"]:
