@@ -36,7 +36,7 @@ FUSED_DRAFTERS = ("dels",)  # DeLS-Spec: a local head + dels.json naming the blo
 PARAM_FREE = {"prompt-lookup": PromptLookup}
 
 
-def _drafter_dir(pair: str, name: str) -> str | None:
+def drafter_dir(pair: str, name: str) -> str | None:
     path = os.path.join(SHIPPED_DIR, pair, "draft") if name == "ar" else os.path.join(SHIPPED_DIR, pair, "drafters", name)
     return path if os.path.isfile(os.path.join(path, "config.json")) else None
 
@@ -53,7 +53,7 @@ def available_drafters(pair: str = "tiny-code") -> list[str]:
     """Drafter names `load(pair, drafter=...)` accepts, the pair's best model drafter first."""
     _check_pair(pair)
     return [n for n in MODEL_DRAFTERS + SMC_PROPOSALS + BLOCK_DRAFTERS + EAGLE_DRAFTERS + TREE_DRAFTERS + MASK_DRAFTERS + FUSED_DRAFTERS +
-                    FLEX_DRAFTERS if _drafter_dir(pair, n)] \
+                    FLEX_DRAFTERS if drafter_dir(pair, n)] \
         + sorted(PARAM_FREE)
 
 
@@ -80,24 +80,24 @@ def load(pair: str = "tiny-code", drafter: str | None = None, dtype: str | None 
         return target, PARAM_FREE[drafter]()
     if drafter in BLOCK_DRAFTERS:
         cls = BLOCK_KINDS.get(drafter, DFlashDrafter)
-        block = cls.load(_drafter_dir(pair, drafter), dtype=target.config.dtype, name=f"{pair}/{drafter}")
+        block = cls.load(drafter_dir(pair, drafter), dtype=target.config.dtype, name=f"{pair}/{drafter}")
         return target, block.bind(target)  # raises if the checkpoint does not fit this target
     if drafter in EAGLE_DRAFTERS:
-        eagle = EagleDrafter.load(_drafter_dir(pair, drafter), dtype=target.config.dtype, name=f"{pair}/{drafter}")
+        eagle = EagleDrafter.load(drafter_dir(pair, drafter), dtype=target.config.dtype, name=f"{pair}/{drafter}")
         return target, eagle.bind(target)  # raises if the checkpoint does not fit this target
     if drafter in TREE_DRAFTERS:
         return target, _load_d2sd(pair, drafter, target)
     if drafter in FLEX_DRAFTERS:
-        return target, FlexDrafter.load(_drafter_dir(pair, drafter), name=f"{pair}/{drafter}").bind(target)
+        return target, FlexDrafter.load(drafter_dir(pair, drafter), name=f"{pair}/{drafter}").bind(target)
     if drafter in FUSED_DRAFTERS:
         return target, _load_fused(pair, drafter, target)
     if drafter in MASK_DRAFTERS:
-        mask = PARD2Drafter.load(_drafter_dir(pair, drafter), dtype=target.config.dtype, name=f"{pair}/{drafter}",
+        mask = PARD2Drafter.load(drafter_dir(pair, drafter), dtype=target.config.dtype, name=f"{pair}/{drafter}",
                                 tokenizer=target.tokenizer)
         return target, mask.bind(target)
     if drafter == "ar" and pair not in FETCHABLE:
         return target, _load_target_pair(pair)[1]
-    model = load_model_dir(_drafter_dir(pair, drafter), name=f"{pair}/{drafter}")
+    model = load_model_dir(drafter_dir(pair, drafter), name=f"{pair}/{drafter}")
     model = dataclasses.replace(model, tokenizer=target.tokenizer)  # one vocabulary: the target's tokenizer
     if model.config.vocab_size != target.config.vocab_size:
         raise ValueError(f"shipped drafter {pair}/{drafter} has vocab_size {model.config.vocab_size}, the target "
@@ -111,13 +111,13 @@ def _named_block(pair: str, name: str, meta_file: str, key: str):
     """(metadata, path of the block drafter it names) of a drafter directory whose `meta_file` names a block drafter
     of the same pair under `key`."""
     import json
-    path = _drafter_dir(pair, name)
+    path = drafter_dir(pair, name)
     meta_path = os.path.join(path, meta_file)
     if not os.path.isfile(meta_path):
         raise ValueError(f"{path} has no {meta_file} naming its block drafter; it is not a {name} drafter")
     with open(meta_path) as f:
         meta = json.load(f)
-    main_dir = _drafter_dir(pair, meta[key])
+    main_dir = drafter_dir(pair, meta[key])
     if main_dir is None:
         raise ValueError(f"{meta_path} names block drafter {meta[key]!r}, which pair {pair!r} does not have")
     return meta, main_dir
@@ -126,13 +126,13 @@ def _named_block(pair: str, name: str, meta_file: str, key: str):
 def _load_fused(pair: str, name: str, target) -> DeLSDrafter:
     meta, block_dir = _named_block(pair, name, "dels.json", "block")
     block = DFlashDrafter.load(block_dir, dtype=target.config.dtype, name=f"{pair}/{meta['block']}")
-    head = LocalHead.load(_drafter_dir(pair, name), name=f"{pair}/{name}")
+    head = LocalHead.load(drafter_dir(pair, name), name=f"{pair}/{name}")
     return DeLSDrafter(block, head, meta.get("alpha", 0.3), meta.get("beta", 0.3), name=f"{pair}/{name}").bind(target)
 
 
 def _load_d2sd(pair: str, name: str, target) -> D2SDDrafter:
     meta, main_dir = _named_block(pair, name, "d2sd.json", "main")
-    main_name, path = meta["main"], _drafter_dir(pair, name)
+    main_name, path = meta["main"], drafter_dir(pair, name)
     dt = target.config.dtype
     main = DFlashDrafter.load(main_dir, dtype=dt, name=f"{pair}/{main_name}")
     vp = DFlashDrafter.load(path, dtype=dt, name=f"{pair}/{name}-vp")

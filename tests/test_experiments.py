@@ -114,7 +114,7 @@ def test_cost_model_formulas():
     a = cost_model.solve_acceptance(1.75, 2)
     assert a == pytest.approx(0.5, abs=1e-6)
     # An 8B bf16 model on an H100 at batch 1: ~16 GB per step -> ~5 ms, memory-bound.
-    (_, l8), _ = cost_model._real_configs()["llama3.1-8b+llama3.2-1b"]
+    (_, l8), _ = cost_model.real_configs()["llama3.1-8b+llama3.2-1b"]
     t, bound = cost_model.call_time(l8, 1, 1, 1024, cost_model.DEVICES["h100"])
     assert bound == "memory" and 4e-3 < t < 6e-3
 
@@ -123,7 +123,7 @@ def test_overlap_and_flex_models():
     """sd-overlap's projection: with the same requests a memory-bound half costs about a whole batch, so it loses to
     sd; with MineDraft's doubled batch it gains (t_verify + t_draft) / (max + transfer). FlexDraft's sequential mode
     reads the weights twice per cycle, so at batch 1 the parallel mode wins; a big compute-bound target switches."""
-    (_, l8), (_, l1) = cost_model._real_configs()["llama3.1-8b+llama3.2-1b"]
+    (_, l8), (_, l1) = cost_model.real_configs()["llama3.1-8b+llama3.2-1b"]
     h100 = cost_model.DEVICES["h100"]
     p = cost_model.overlap_projection(l8, l1, 8, 4, 1024, h100, {"acceptance_sd": 0.8})
     assert p["overlap_same_speedup"] < 1 < p["overlap_doubled_speedup"]

@@ -158,8 +158,8 @@ def test_pair_loads_a_shipped_eagle_drafter(tmp_path, monkeypatch):
     from smcsd.drafters import EagleDrafter
     target, _ = smcsd.load("tiny-code")
     EagleDrafter.create(target, seed=3).save(str(tmp_path / "eagle"))
-    real = pairs._drafter_dir
-    monkeypatch.setattr(pairs, "_drafter_dir",
+    real = pairs.drafter_dir
+    monkeypatch.setattr(pairs, "drafter_dir",
                         lambda pair, name: str(tmp_path / "eagle") if name == "eagle" else real(pair, name))
     assert "eagle" in smcsd.available_drafters("tiny-code")
     _, eagle = smcsd.load("tiny-code", drafter="eagle")

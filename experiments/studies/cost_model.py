@@ -131,10 +131,6 @@ from smcsd.cost_model import (DEVICES, DRAFT_BLOCK, DTYPE_BYTES, PAIR_NAMES, Dev
                               tensor_parallel, weight_bytes)
 
 
-def _real_configs():
-    return real_configs()
-
-
 def _rf():
     from experiments.studies import roofline
     return roofline
@@ -142,8 +138,8 @@ def _rf():
 
 def overlap_pairs():
     """Pairs projected for sd-overlap: (name, config) of target and AR drafter."""
-    pairs = {k: v for k, v in _real_configs().items() if k == "llama3.1-8b+llama3.2-1b"}
-    smol = _real_configs()["smollm2-135m+dflash"][0]
+    pairs = {k: v for k, v in real_configs().items() if k == "llama3.1-8b+llama3.2-1b"}
+    smol = real_configs()["smollm2-135m+dflash"][0]
     pairs["smollm2-135m+ar-distilled"] = (smol, smollm2_drafter_configs()["ar"])  # the shipped ar-distilled drafter
     return pairs
 
@@ -509,7 +505,7 @@ def main(argv=None) -> int:
         stats.update(acceptance_sd=args.acceptance, acceptance_sd_multi=args.acceptance, overridden=True)
 
     predictions = []
-    pairs = _real_configs()
+    pairs = real_configs()
     if args.context is None:
         args.context = args.prompt_len + args.output_len // 2
     devices = [(d, dataclasses.replace(DEVICES[d], overhead_s=args.overhead_us * 1e-6))

@@ -140,8 +140,8 @@ def main(argv=None) -> int:
                              + ("" if seq_wins else f" (none up to {max(args.batch_sizes)})")})
         from experiments.studies import cost_model as cm
         fc = flex.flex_config
-        configs = {"SmolLM2-135M (bf16)": cm._real_configs()["smollm2-135m+dflash"][0][1],
-                   "Llama-3.1-8B (bf16)": cm._real_configs()["llama3.1-8b+llama3.2-1b"][0][1]}
+        configs = {"SmolLM2-135M (bf16)": cm.real_configs()["smollm2-135m+dflash"][0][1],
+                   "Llama-3.1-8B (bf16)": cm.real_configs()["llama3.1-8b+llama3.2-1b"][0][1]}
         for dev in ("h100", "tpu-v5e"):
             for name, cfg in configs.items():
                 sw = cm.flex_switch_point(cfg, 4, fc.group_size, fc.adapter_layers, fc.calib_hidden,

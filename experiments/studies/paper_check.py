@@ -63,7 +63,7 @@ def main(argv=None):
     dev = cm.tensor_parallel(dataclasses.replace(h100, overhead_s=args.overhead_us * 1e-6), g, args.allreduce_us * 1e-6)
     dev = dataclasses.replace(dev, name=f"{g}×H100 tensor-parallel")
     target = llama70b()
-    draft = cm._real_configs()["llama3.1-8b+llama3.2-1b"][1][1]
+    draft = cm.real_configs()["llama3.1-8b+llama3.2-1b"][1][1]
     context = args.prompt_len + args.output_len // 2
     stats = {"acceptance_sd": args.acceptance, "acceptance_sd_multi": args.acceptance, "resample_rate": 0.0}
     def predict(d):

@@ -82,7 +82,7 @@ def make_pairs(names) -> list[Pair]:
     paper_check's Llama-70B, in bfloat16."""
     from experiments.studies import cost_model as cm
     from experiments.studies.paper_check import llama70b
-    real = cm._real_configs()
+    real = cm.real_configs()
     (sname, smol), (_, block) = real["smollm2-135m+dflash"]
     (l8name, l8), (l1name, l1) = real["llama3.1-8b+llama3.2-1b"]
     out = []

@@ -96,9 +96,9 @@ def main(argv=None):
     print(f"corpus: {corpus.num_tokens} tokens, {len(corpus.train_rows)} train rows", flush=True)
     name = "dflash-dpace" if args.weighting == "dpace" else "dflash"
     if args.variable_prefix:  # warm start: the variable-prefix drafter shares the main drafter's architecture
-        from smcsd.pairs import _drafter_dir
+        from smcsd.pairs import drafter_dir
         name = "d2sd"
-        drafter = DFlashDrafter.load(_drafter_dir(args.pair, "dflash-dpace"), dtype="float32", name=name).bind(target)
+        drafter = DFlashDrafter.load(drafter_dir(args.pair, "dflash-dpace"), dtype="float32", name=name).bind(target)
     else:
         drafter = DFlashDrafter.create(target, num_layers=args.layers, block_size=args.block_size, seed=args.seed,
                                       target_layers=args.target_layers, name=name)
