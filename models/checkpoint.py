@@ -27,7 +27,7 @@ import numpy as np
 from safetensors import safe_open
 
 from .config import ModelConfig
-from .tokenizer import ByteTokenizer, HFTokenizer, _read_tokenizer_config
+from .tokenizer import ByteTokenizer, HFTokenizer, read_tokenizer_config
 
 __all__ = [
     "SUPPORTED_ARCHITECTURES", "MODEL_TYPES", "NP_DTYPES", "INDEX_FILE", "BYTE_TOKENIZER_TAG", "Slot",
@@ -375,7 +375,7 @@ def load_tokenizer(path: str, config: ModelConfig):
     file = os.path.join(path, "tokenizer.json")
     if not os.path.isfile(file):
         return None
-    tcfg = _read_tokenizer_config(path)
+    tcfg = read_tokenizer_config(path)
     if tcfg.get("smcsd_tokenizer") == BYTE_TOKENIZER_TAG:
         return ByteTokenizer()
     from tokenizers import Tokenizer

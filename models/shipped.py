@@ -42,21 +42,47 @@ def _expected_shapes(config: ModelConfig) -> dict[str, tuple]:
     """Flattened param name -> shape, from the module's abstract init (no compute, no memory)."""
     tokens = jnp.zeros((1, 1), jnp.int32)
     shapes = jax.eval_shape(lambda: Transformer(config).init(jax.random.PRNGKey(0), tokens, tokens))["params"]
-    return {k: tuple(v.shape) for k, v in _flatten(shapes).items()}
+    leaves = jax.tree_util.tree_flatten_with_path(shapes)[0]
+    return {"/".join(str(getattr(key, "key", key)) for key in path): tuple(v.shape) for path, v in leaves}
 
 
-def _flatten(tree, prefix="") -> dict:
-    out = {}
-    for k, v in tree.items():
-        name = f"{prefix}/{k}" if prefix else str(k)
-        if hasattr(v, "items"):
-            out.update(_flatten(v, name))
+def flatten_params(params, sep: str = "/") -> dict[str, np.ndarray]:
+    """{"a/b/c": array} of a nested-dict params tree (the safetensors names `load_model_dir` expects)."""
+    flat = {}
+
+    def walk(prefix, node):
+        if isinstance(node, dict) or hasattr(node, "items"):
+            for k, v in node.items():
+                walk(f"{prefix}{sep}{k}" if prefix else str(k), v)
         else:
-            out[name] = v
-    return out
+            flat[prefix] = np.asarray(node)
+    walk("", params)
+    return flat
 
 
-def _unflatten(flat: dict) -> dict:
+def export_model(config: ModelConfig, params, directory: str, dtype: str = "float32", info: dict | None = None):
+    """Write `config.json`, `model.safetensors` (flattened "/"-joined names) and `training.json` (`info`)."""
+    from safetensors.numpy import save_file
+
+    os.makedirs(directory, exist_ok=True)
+    flat = flatten_params(params)
+    if dtype == "bfloat16":
+        import ml_dtypes
+        flat = {k: v.astype(ml_dtypes.bfloat16) for k, v in flat.items()}
+    elif dtype == "float32":
+        flat = {k: v.astype(np.float32) for k, v in flat.items()}
+    else:
+        raise ValueError(f"export dtype must be 'float32' or 'bfloat16', got {dtype!r}")
+    save_file(flat, os.path.join(directory, "model.safetensors"), metadata={"format": "smcsd-flax"})
+    os.chmod(os.path.join(directory, "model.safetensors"), 0o644)
+    with open(os.path.join(directory, "config.json"), "w") as f:
+        json.dump(config.to_dict(), f, indent=2)
+    if info is not None:
+        with open(os.path.join(directory, "training.json"), "w") as f:
+            json.dump(info, f, indent=2)
+
+
+def unflatten(flat: dict) -> dict:
     tree: dict = {}
     for name, value in flat.items():
         node = tree
@@ -77,7 +103,7 @@ def _read_config(path: str) -> ModelConfig:
         raise CheckpointError(f"corrupted checkpoint config {path}: {e}") from e
 
 
-def _read_tensors(path: str) -> dict[str, np.ndarray]:
+def read_tensors(path: str) -> dict[str, np.ndarray]:
     if not os.path.isfile(path):
         raise CheckpointError(f"checkpoint weights not found: {path}")
     try:
@@ -91,7 +117,7 @@ def load_model_dir(directory: str, name: str | None = None, tokenizer=None) -> L
     """A `LanguageModel` from a directory holding `config.json` and `model.safetensors` (byte tokenizer)."""
     config = _read_config(os.path.join(directory, "config.json"))
     weights = os.path.join(directory, "model.safetensors")
-    tensors = _read_tensors(weights)
+    tensors = read_tensors(weights)
     expected = _expected_shapes(config)
     missing = sorted(set(expected) - set(tensors))
     if missing:
@@ -104,7 +130,7 @@ def load_model_dir(directory: str, name: str | None = None, tokenizer=None) -> L
             raise CheckpointError(f"checkpoint weights {weights}: tensor {k!r} has shape {tuple(tensors[k].shape)}, "
                                   f"but the config needs {shape}")
     dtype = config.jnp_dtype
-    params = _unflatten({k: jnp.asarray(np.asarray(v, np.float32), dtype) for k, v in tensors.items()})
+    params = unflatten({k: jnp.asarray(np.asarray(v, np.float32), dtype) for k, v in tensors.items()})
     return LanguageModel(config=config, params=params, tokenizer=tokenizer or ByteTokenizer(),
                          name=name or os.path.basename(os.path.normpath(directory)))
 

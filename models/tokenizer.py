@@ -58,7 +58,7 @@ class HFTokenizer:
         self.path = file
         self._tok = Tokenizer.from_file(file)
         directory = os.path.dirname(file)
-        cfg = _read_tokenizer_config(directory)
+        cfg = read_tokenizer_config(directory)
         self.bos_id = self._special_id(bos_token or cfg.get("bos_token"), ("<s>", "<|begin_of_text|>", "<bos>"))
         self.eos_id = self._special_id(eos_token or cfg.get("eos_token"),
                                        ("</s>", "<|end_of_text|>", "<|endoftext|>", "<eos>", "<|im_end|>"))
@@ -157,7 +157,7 @@ class HFTokenizer:
 _END_OF_TURN_TOKENS = ("<|im_end|>", "<|eot_id|>", "<end_of_turn>", "<|end|>", "<|endoftext|>", "</s>")
 
 
-def _read_tokenizer_config(directory: str) -> dict:
+def read_tokenizer_config(directory: str) -> dict:
     path = os.path.join(directory, "tokenizer_config.json")
     if os.path.isfile(path):
         with open(path) as f:

@@ -57,7 +57,7 @@ class RMSNorm(nn.Module):
         return weight * xf.astype(self.dtype)
 
 
-def _dense(features, name, dtype, std, bias=False):
+def dense(features, name, dtype, std, bias=False):
     return nn.Dense(features, use_bias=bias, dtype=dtype, param_dtype=dtype, name=name,
                     kernel_init=nn.initializers.normal(std))
 
@@ -170,9 +170,9 @@ class Attention(nn.Module):
         hq, hk, hd = c.num_attention_heads, c.num_key_value_heads, c.head_dim
         B, T = positions.shape
         spread = (lambda y: y) if pack is None else (lambda y: unpack_rows(y, pack, B, T))
-        q = spread(_dense(hq * hd, "q_proj", dt, self.init_std, c.attention_bias)(x)).reshape(B, T, hq, hd)
-        k = spread(_dense(hk * hd, "k_proj", dt, self.init_std, c.attention_bias)(x)).reshape(B, T, hk, hd)
-        v = spread(_dense(hk * hd, "v_proj", dt, self.init_std, c.attention_bias)(x)).reshape(B, T, hk, hd)
+        q = spread(dense(hq * hd, "q_proj", dt, self.init_std, c.attention_bias)(x)).reshape(B, T, hq, hd)
+        k = spread(dense(hk * hd, "k_proj", dt, self.init_std, c.attention_bias)(x)).reshape(B, T, hk, hd)
+        v = spread(dense(hk * hd, "v_proj", dt, self.init_std, c.attention_bias)(x)).reshape(B, T, hk, hd)
         if c.qk_norm:
             q = RMSNorm(c.rms_norm_eps, dt, name="q_norm")(q)
             k = RMSNorm(c.rms_norm_eps, dt, name="k_norm")(k)
@@ -180,7 +180,7 @@ class Attention(nn.Module):
 
         if kv is None:  # cache-free: keys are this call's tokens
             mask = (positions[:, None, :] <= positions[:, :, None]) & key_mask[:, None, :]  # [B, T, T]
-            return _dense(c.hidden_size, "o_proj", dt, self.init_std)(attend(q, [Part(k, v, mask)], dt)), None
+            return dense(c.hidden_size, "o_proj", dt, self.init_std)(attend(q, [Part(k, v, mask)], dt)), None
 
         # write this call's k/v at each row's slots, attend over the whole slot range (and the shared prefix)
         # Scatter straight into the whole cache (in place in the scan carry: no per-layer copy).
@@ -218,7 +218,7 @@ class Attention(nn.Module):
             pmask = jnp.arange(prefix.width)[None, :] < prefix.lengths[:, None]
             parts.insert(0, Part(pk, pv, pmask, prefix.group, heads_major))
         att = attend(q, parts, dt)
-        out = _dense(c.hidden_size, "o_proj", dt, self.init_std)(att if pack is None else pack_rows(att, pack))
+        out = dense(c.hidden_size, "o_proj", dt, self.init_std)(att if pack is None else pack_rows(att, pack))
         return out, (k_all, v_all)
 
 
@@ -231,9 +231,9 @@ class MLP(nn.Module):
     @nn.compact
     def __call__(self, x):
         c, dt = self.config, self.config.jnp_dtype
-        gate = _dense(c.intermediate_size, "gate_proj", dt, self.init_std, c.mlp_bias)(x)
-        up = _dense(c.intermediate_size, "up_proj", dt, self.init_std, c.mlp_bias)(x)
-        return _dense(c.hidden_size, "down_proj", dt, self.init_std, c.mlp_bias)(nn.silu(gate) * up)
+        gate = dense(c.intermediate_size, "gate_proj", dt, self.init_std, c.mlp_bias)(x)
+        up = dense(c.intermediate_size, "up_proj", dt, self.init_std, c.mlp_bias)(x)
+        return dense(c.hidden_size, "down_proj", dt, self.init_std, c.mlp_bias)(nn.silu(gate) * up)
 
 
 class DecoderLayer(nn.Module):

@@ -7,7 +7,7 @@ ESS = 1 / Σ w̄ᵢ² (Kong, Liu & Wong 1994) ranges from 1 (one particle holds 
 import jax
 import jax.numpy as jnp
 
-from .weights import _sanitize, normalize
+from .weights import sanitize, normalize
 
 __all__ = ["ess", "log_ess"]
 
@@ -19,7 +19,7 @@ def log_ess(log_weights) -> jax.Array:
     NaN entries count as -inf. A degenerate population (all -inf: no particle has positive
     weight) has ``log ESS = −inf``, i.e. ESS = 0; never NaN.
     """
-    lw, degenerate = _sanitize(log_weights)
+    lw, degenerate = sanitize(log_weights)
     log_n = jnp.log(jnp.asarray(lw.shape[0], lw.dtype))
     value = jnp.minimum(-jax.nn.logsumexp(2.0 * normalize(lw)), log_n)
     return jnp.where(degenerate, -jnp.inf, value)

@@ -8,7 +8,7 @@ import jax.numpy as jnp
 
 from .ess import ess as _ess
 from .registry import get_resampler
-from .weights import _sanitize
+from .weights import sanitize
 
 __all__ = ["ResampleResult", "maybe_resample"]
 
@@ -45,7 +45,7 @@ def maybe_resample(
 
 @functools.partial(jax.jit, static_argnums=3)
 def _maybe_resample(key, log_weights, threshold, resample_fn) -> ResampleResult:
-    log_weights, degenerate = _sanitize(log_weights)
+    log_weights, degenerate = sanitize(log_weights)
     n = log_weights.shape[0]
     ess = _ess(log_weights)
     threshold = jnp.asarray(threshold, ess.dtype)

@@ -23,7 +23,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from .weights import _probabilities
+from .weights import probabilities
 
 __all__ = ["multinomial", "residual", "stratified", "systematic"]
 
@@ -92,7 +92,7 @@ def multinomial(key, log_weights, num_samples):
     Offspring counts are Multinomial(M, w̄), variance ``M·w̄ᵢ(1 − w̄ᵢ)``. The draws are
     exchangeable, so they are returned sorted: inverting the CDF at sorted uniforms.
     """
-    weights = _probabilities(log_weights)
+    weights = probabilities(log_weights)
     return _inverse_cdf(weights, _sorted_uniforms(key, num_samples, weights.dtype))
 
 
@@ -102,7 +102,7 @@ def stratified(key, log_weights, num_samples):
 
     Never worse than multinomial (Douc & Cappé 2005).
     """
-    weights = _probabilities(log_weights)
+    weights = probabilities(log_weights)
     uniforms = jax.random.uniform(key, (num_samples,), dtype=weights.dtype)
     positions = (jnp.arange(num_samples, dtype=weights.dtype) + uniforms) / num_samples
     return _inverse_cdf(weights, positions)
@@ -115,7 +115,7 @@ def systematic(key, log_weights, num_samples):
     Particle i always gets ⌊M·w̄ᵢ⌋ or ⌈M·w̄ᵢ⌉ offspring (Douc & Cappé 2005), the
     smallest per-particle variance any unbiased scheme can reach; the default of SMC-SD.
     """
-    weights = _probabilities(log_weights)
+    weights = probabilities(log_weights)
     uniform = jax.random.uniform(key, (), dtype=weights.dtype)
     positions = (jnp.arange(num_samples, dtype=weights.dtype) + uniform) / num_samples
     return _inverse_cdf(weights, positions)
@@ -129,7 +129,7 @@ def residual(key, log_weights, num_samples):
     multinomial, as analysed by Douc & Cappé 2005), so counts are ≥ ⌊M·w̄ᵢ⌋ but may exceed
     ⌈M·w̄ᵢ⌉. R is data-dependent, so M draws are made and only the first R kept (static shapes).
     """
-    weights = _probabilities(log_weights)
+    weights = probabilities(log_weights)
     scaled = num_samples * weights
     floors = jnp.floor(scaled)
     copies = floors.astype(jnp.int32)

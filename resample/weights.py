@@ -8,7 +8,7 @@ would overflow or underflow float32.
 import jax
 import jax.numpy as jnp
 
-__all__ = ["normalize"]
+__all__ = ["normalize", "probabilities", "sanitize"]
 
 
 def _as_float(log_weights) -> jax.Array:
@@ -24,7 +24,7 @@ def _as_float(log_weights) -> jax.Array:
     return x.astype(jnp.promote_types(x.dtype, jnp.float32))
 
 
-def _sanitize(log_weights) -> tuple[jax.Array, jax.Array]:
+def sanitize(log_weights) -> tuple[jax.Array, jax.Array]:
     """``(log_weights, degenerate)`` with NaN read as -inf and +inf entries sharing all mass.
 
     A NaN weight comes from a broken particle (e.g. ``inf - inf`` in a log-ratio), so it is
@@ -48,12 +48,12 @@ def normalize(log_weights) -> jax.Array:
     -inf. If every entry is -inf (a degenerate population) the result is uniform, ``−log N``,
     so that callers always get a valid distribution and never a NaN.
     """
-    lw, degenerate = _sanitize(log_weights)
+    lw, degenerate = sanitize(log_weights)
     lw = jnp.where(degenerate, jnp.zeros_like(lw), lw)
     shifted = lw - jax.lax.stop_gradient(jnp.max(lw))
     return shifted - jax.nn.logsumexp(shifted)
 
 
-def _probabilities(log_weights) -> jax.Array:
+def probabilities(log_weights) -> jax.Array:
     """Normalised linear weights ``w̄_i`` (uniform when degenerate), computed in log space."""
     return jnp.exp(normalize(log_weights))

@@ -155,12 +155,12 @@ def _write_pair(directory):
     import numpy as np
     from safetensors.numpy import save_file
 
-    from smcsd.models.shipped import _flatten
+    from smcsd.models.shipped import flatten_params
     for role, model in zip(("target", "draft"), cli.random_pair()):
         d = directory / role
         d.mkdir(parents=True)
         (d / "config.json").write_text(json.dumps(model.config.to_dict()))
-        tensors = {k: np.asarray(v, np.float32) for k, v in _flatten(model.params).items()}
+        tensors = {k: np.asarray(v, np.float32) for k, v in flatten_params(model.params).items()}
         save_file(tensors, str(d / "model.safetensors"))
 
 

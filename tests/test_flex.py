@@ -234,6 +234,7 @@ def test_verify_widths():
     assert int(width_index(jnp.array([5, 1, 1]), live, widths)) == 3
 
 
+@pytest.mark.slow  # default-run budget (real SmolLM2 target)
 def test_flex_without_draft_uses_the_shipped_pairs_adapters():
     """A user's first try: the tiny-code target and method='flex' with no draft= (it used to fail in the pair
     loader with "dtype= applies to fetched models only"); greedy flex is exact, so it must equal ar."""

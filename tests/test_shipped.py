@@ -32,7 +32,7 @@ def test_pair_loads_and_shapes_match_configs(name):
         assert isinstance(m, LanguageModel) and isinstance(m.tokenizer, ByteTokenizer)
         assert m.config.vocab_size == ByteTokenizer.vocab_size
         expected = shipped._expected_shapes(m.config)
-        flat = shipped._flatten(m.params)
+        flat = shipped.flatten_params(m.params)
         assert set(flat) == set(expected)
         for k, shape in expected.items():
             assert flat[k].shape == shape, (name, role, k)
@@ -154,6 +154,7 @@ def test_unknown_pair_is_a_clear_error():
         smcsd.load("no-such-pair")
 
 
+@pytest.mark.slow  # default-run budget (test_cli runs the shipped default pair in the default lane)
 def test_shipped_pair_works_with_speculative_decoding():
     if "sd" not in smcsd.available_methods():
         pytest.skip("speculative method 'sd' not registered")

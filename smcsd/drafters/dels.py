@@ -165,7 +165,7 @@ class LocalHead:
 
     @classmethod
     def load(cls, path: str, name: str | None = None) -> "LocalHead":
-        from smcsd.models.shipped import _read_tensors
+        from smcsd.models.shipped import read_tensors
         cfg_path = os.path.join(path, "config.json")
         if not os.path.isfile(cfg_path):
             raise ValueError(f"no local head at {path!r} (config.json missing)")
@@ -174,7 +174,7 @@ class LocalHead:
         if d.pop("drafter", None) != "dels-local-head":
             raise ValueError(f"{cfg_path} is not a DeLS-Spec local head's config")
         config = LocalHeadConfig(**d)
-        t = {k: np.asarray(v, np.float32) for k, v in _read_tensors(os.path.join(path, "local_head.safetensors")).items()}
+        t = {k: np.asarray(v, np.float32) for k, v in read_tensors(os.path.join(path, "local_head.safetensors")).items()}
         prior = t.pop("log_prior", None)
         expected = jax.eval_shape(lambda: init_local_params(config))
         if prior is None or set(t) != set(expected) or any(t[k].shape != expected[k].shape for k in expected):

@@ -37,7 +37,7 @@ import numpy as np
 
 from smcsd.models import KVCache, ModelConfig, init_cache
 from smcsd.models.rope import apply_rope, inverse_frequencies, rope_tables
-from smcsd.models.transformer import MLP, Part, RMSNorm, _dense, attend
+from smcsd.models.transformer import MLP, Part, RMSNorm, dense, attend
 
 from ..sampling import process_logits, sample
 from .base import Drafter, Proposal, TreeProposal, check_hidden_layers
@@ -93,10 +93,10 @@ class BlockLayer(nn.Module):
     def setup(self):
         c, dt, std = self.config, self.config.jnp_dtype, self.init_std
         hq, hk, hd = c.num_attention_heads, c.num_key_value_heads, c.head_dim
-        self.q_proj = _dense(hq * hd, "q_proj", dt, std, c.attention_bias)
-        self.k_proj = _dense(hk * hd, "k_proj", dt, std, c.attention_bias)
-        self.v_proj = _dense(hk * hd, "v_proj", dt, std, c.attention_bias)
-        self.o_proj = _dense(c.hidden_size, "o_proj", dt, std)
+        self.q_proj = dense(hq * hd, "q_proj", dt, std, c.attention_bias)
+        self.k_proj = dense(hk * hd, "k_proj", dt, std, c.attention_bias)
+        self.v_proj = dense(hk * hd, "v_proj", dt, std, c.attention_bias)
+        self.o_proj = dense(c.hidden_size, "o_proj", dt, std)
         self.input_layernorm = RMSNorm(c.rms_norm_eps, dt)
         self.post_attention_layernorm = RMSNorm(c.rms_norm_eps, dt)
         self.mlp = MLP(c, std)
@@ -131,7 +131,7 @@ class BlockNet(nn.Module):
     def setup(self):
         c = self.config.model
         dt = c.jnp_dtype
-        self.fc = _dense(c.hidden_size, "fc", dt, self.init_std)
+        self.fc = dense(c.hidden_size, "fc", dt, self.init_std)
         self.context_norm = RMSNorm(c.rms_norm_eps, dt)
         self.mask_embedding = self.param("mask_embedding", nn.initializers.normal(self.init_std), (c.hidden_size,), dt)
         self.layers = [BlockLayer(c, self.init_std, name=f"layers_{i}") for i in range(c.num_hidden_layers)]
@@ -168,7 +168,7 @@ def head_params(target) -> dict:
     return {"embed": embed, "head": embed if c.tie_word_embeddings else p["lm_head"]}
 
 
-def _embed_block(net_params, shared, anchors, block_size: int, dt, prefix=None, prefix_len=None):
+def embed_block(net_params, shared, anchors, block_size: int, dt, prefix=None, prefix_len=None):
     """Block inputs `[R, B, H]`: the anchor token's embedding, then the mask embedding B-1 times.
 
     With `prefix [R, B-1]` and `prefix_len [R]` (a variable-prefix drafter, D²SD) block positions 1..prefix_len[r]
@@ -182,7 +182,7 @@ def _embed_block(net_params, shared, anchors, block_size: int, dt, prefix=None, 
     return jnp.concatenate([a, m], axis=1)
 
 
-def _logits(h, shared):
+def shared_head_logits(h, shared):
     return jnp.einsum("rtd,vd->rtv", h, shared["head"].astype(h.dtype), preferred_element_type=jnp.float32)
 
 
@@ -252,7 +252,7 @@ class DFlashDrafter(Drafter):
         shared embedding / LM head are the target's and not stored) + `training.json` (`info`, if given)."""
         from safetensors.numpy import save_file
 
-        from ..train.loop import flatten_params
+        from ..models.shipped import flatten_params
         if dtype not in ("float32", "bfloat16"):
             raise ValueError(f"save dtype must be 'float32' or 'bfloat16', got {dtype!r}")
         os.makedirs(path, exist_ok=True)
@@ -272,7 +272,7 @@ class DFlashDrafter(Drafter):
     def load(cls, path: str, dtype: str | None = None, name: str | None = None) -> "DFlashDrafter":
         """A block drafter saved by `save` (unbound: `decode` binds it to the target). `dtype` overrides the
         compute dtype (default: the config's, float32)."""
-        from smcsd.models.shipped import _read_tensors, _unflatten
+        from smcsd.models.shipped import read_tensors, unflatten
         cfg_path = os.path.join(path, "config.json")
         if not os.path.isfile(cfg_path):
             raise ValueError(f"no block drafter at {path!r} (config.json missing)")
@@ -283,8 +283,8 @@ class DFlashDrafter(Drafter):
         config = cls._config_cls.from_dict(d)
         if dtype is not None:
             config = dataclasses.replace(config, model=dataclasses.replace(config.model, dtype=dtype))
-        tensors = _read_tensors(os.path.join(path, "model.safetensors"))
-        params = _unflatten({k: jnp.asarray(np.asarray(v, np.float32), config.model.jnp_dtype)
+        tensors = read_tensors(os.path.join(path, "model.safetensors"))
+        params = unflatten({k: jnp.asarray(np.asarray(v, np.float32), config.model.jnp_dtype)
                              for k, v in tensors.items()})
         expected = jax.eval_shape(lambda: cls._expected_params(config, params))
         if jax.tree_util.tree_structure(expected) != jax.tree_util.tree_structure(params) or any(
@@ -401,7 +401,7 @@ class DFlashDrafter(Drafter):
         `ctx_len` per state row): D²SD's branches re-anchored on one context, read once for all of them."""
         c, B = self.block_config.model, self.block_config.block_size
         R, S = anchors.shape[0], state.slots
-        x = _embed_block(params["net"], params, anchors, B, c.jnp_dtype, prefix, prefix_len)
+        x = embed_block(params["net"], params, anchors, B, c.jnp_dtype, prefix, prefix_len)
         positions = jnp.repeat(ctx_len, repeat)[:, None] + jnp.arange(B, dtype=jnp.int32)[None, :]
         own = ctx_len - state.offsets()  # context slots in the rows' own buffers
         ctx_mask = jnp.arange(S)[None, :] < own[:, None]  # [state rows, S]: the same for every query of a row
@@ -412,7 +412,7 @@ class DFlashDrafter(Drafter):
             ctx = [[Part(pre.k[i], pre.v[i], pmask, pre.group * repeat)] + parts for i, parts in enumerate(ctx)]
         blk_mask = jnp.ones((R, B, B), bool)
         h = self._net().apply({"params": params["net"]}, x, positions, ctx, blk_mask, method=BlockNet.block_hidden)
-        return _logits(h[:, 1:num_tokens + 1], params)
+        return shared_head_logits(h[:, 1:num_tokens + 1], params)
 
     def propose(self, params, state, feed, feed_count, key, sampling, num_tokens: int) -> Proposal:
         self._check_depth(num_tokens)
@@ -468,8 +468,8 @@ def reference_logits(drafter: DFlashDrafter, target_hidden, anchor_pos: int, anc
     R, T, _ = target_hidden.shape
     net = BlockNet(drafter.block_config)
     pos = jnp.broadcast_to(jnp.arange(T, dtype=jnp.int32), (R, T))
-    x = _embed_block(params["net"], params, jnp.asarray(anchor_token, jnp.int32), B, c.jnp_dtype)
+    x = embed_block(params["net"], params, jnp.asarray(anchor_token, jnp.int32), B, c.jnp_dtype)
     bpos = jnp.broadcast_to(anchor_pos + jnp.arange(B, dtype=jnp.int32), (R, B))
     ctx_mask = jnp.broadcast_to((jnp.arange(T) < anchor_pos)[None, None, :], (R, B, T))
     h = net.apply({"params": params["net"]}, target_hidden, pos, x, bpos, ctx_mask, jnp.ones((R, B, B), bool))
-    return _logits(h[:, 1:num_tokens + 1], params)
+    return shared_head_logits(h[:, 1:num_tokens + 1], params)

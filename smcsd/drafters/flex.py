@@ -144,7 +144,7 @@ class FlexDrafter(Drafter):
         """`config.json` (the FlexConfig and the target's config) + `flex.safetensors` (+ `training.json`)."""
         from safetensors.numpy import save_file
 
-        from ..train.loop import flatten_params
+        from ..models.shipped import flatten_params
         if dtype not in ("float32", "bfloat16"):
             raise ValueError(f"save dtype must be 'float32' or 'bfloat16', got {dtype!r}")
         os.makedirs(path, exist_ok=True)
@@ -164,7 +164,7 @@ class FlexDrafter(Drafter):
 
     @classmethod
     def load(cls, path: str, name: str | None = None) -> "FlexDrafter":
-        from smcsd.models.shipped import _read_tensors, _unflatten
+        from smcsd.models.shipped import read_tensors, unflatten
         cfg_path = os.path.join(path, "config.json")
         if not os.path.isfile(cfg_path):
             raise ValueError(f"no FlexDraft adapters at {path!r} (config.json missing)")
@@ -173,7 +173,7 @@ class FlexDrafter(Drafter):
         if d.get("drafter") != "flex":
             raise ValueError(f"{cfg_path} is not a FlexDraft adapters' config")
         fc, tc = FlexConfig(**d["flex"]), ModelConfig.from_dict(d["target"])
-        t = _unflatten({k: jnp.asarray(np.asarray(v, np.float32))
-                        for k, v in _read_tensors(os.path.join(path, "flex.safetensors")).items()})
+        t = unflatten({k: jnp.asarray(np.asarray(v, np.float32))
+                        for k, v in read_tensors(os.path.join(path, "flex.safetensors")).items()})
         layers = tuple(t["layers"][str(i)] for i in range(fc.adapter_layers))
         return cls(fc, tc, FlexParams(layers, t["mask_vector"], t["calib"]), name or os.path.basename(os.path.normpath(path)))

@@ -103,7 +103,7 @@ class PARD2Drafter(Drafter):
 
         from safetensors.numpy import save_file
 
-        from ..train.loop import export_model
+        from ..models.shipped import export_model
         export_model(self.model_config, self.model.params, path, dtype, info)
         extra = {k: np.asarray(v, np.float32) for k, v in self.extra.items()}
         if dtype == "bfloat16":
@@ -118,7 +118,7 @@ class PARD2Drafter(Drafter):
         import json
         import os
 
-        from smcsd.models.shipped import _read_tensors, load_model_dir
+        from smcsd.models.shipped import read_tensors, load_model_dir
         meta_path = os.path.join(path, "pard2.json")
         if not os.path.isfile(meta_path):
             raise ValueError(f"no mask (pard2) drafter at {path!r} (pard2.json missing)")
@@ -130,7 +130,7 @@ class PARD2Drafter(Drafter):
         if tokenizer is not None:
             model = dataclasses.replace(model, tokenizer=tokenizer)
         extra = {k: jnp.asarray(np.asarray(v, np.float32), model.config.jnp_dtype)
-                 for k, v in _read_tensors(os.path.join(path, "pard2.safetensors")).items()}
+                 for k, v in read_tensors(os.path.join(path, "pard2.safetensors")).items()}
         return cls(model, extra, meta.get("feature_layers", ()), True, name or "pard2")
 
     # ------------------------------------------------------------------ host side

@@ -37,11 +37,11 @@ import jax.numpy as jnp
 
 from smcsd.models import init_cache
 from smcsd.models.rope import inverse_frequencies, rope_tables
-from smcsd.models.transformer import Part, RMSNorm, _dense
+from smcsd.models.transformer import Part, RMSNorm, dense
 
 from ..sampling import process_logits, sample
 from .base import Proposal, TreeProposal
-from .dflash import DFlashConfig, DFlashDrafter, BlockLayer, _logits
+from .dflash import DFlashConfig, DFlashDrafter, BlockLayer, shared_head_logits
 from .tree import product_tree
 
 
@@ -60,10 +60,10 @@ class SpecBlockNet(nn.Module):
     def setup(self):
         c = self.config.model
         dt, H, S = c.jnp_dtype, c.hidden_size, self.config.block_size
-        self.fc = _dense(H, "fc", dt, self.init_std)
+        self.fc = dense(H, "fc", dt, self.init_std)
         self.context_norm = RMSNorm(c.rms_norm_eps, dt)
         self.chain_norm = RMSNorm(c.rms_norm_eps, dt)
-        self.in_proj = _dense(H, "in_proj", dt, self.init_std)
+        self.in_proj = dense(H, "in_proj", dt, self.init_std)
         self.slot_queries = self.param("slot_queries", nn.initializers.normal(1.0), (S, H), dt)
         eye = lambda key, shape, dtype: (jnp.concatenate([jnp.eye(H), jnp.zeros((H, H))], 0)  # noqa: E731
                                          + self.init_std * jax.random.normal(key, shape)).astype(dtype)
@@ -317,7 +317,7 @@ class SpecBlockDrafter(DFlashDrafter):
         ctx = [[Part(cache.k[i], cache.v[i], ctx_mask)] for i in range(c.num_hidden_layers)]
         blk = jnp.broadcast_to(causal_blocks(1, slots), (anchors.shape[0], slots, slots))
         h, raw = self._net_apply(params, x, slots, positions, ctx, blk, method=SpecBlockNet.block_hidden)
-        logits = _logits(h, params)
+        logits = shared_head_logits(h, params)
         if bias is not None:
             logits = logits + bias[:, None, :]
         return logits, raw, h
@@ -501,4 +501,4 @@ def reference_block_logits(drafter: SpecBlockDrafter, target_hidden, anchor_pos:
     bpos = jnp.broadcast_to(anchor_pos + offset + jnp.arange(slots, dtype=jnp.int32), (R, slots))
     h, raw = apply(x, slots, bpos, ctx, jnp.broadcast_to(causal_blocks(1, slots), (R, slots, slots)),
                    method=SpecBlockNet.block_hidden)
-    return _logits(h, p), raw
+    return shared_head_logits(h, p), raw

@@ -399,7 +399,7 @@ class _Plan:
                 if i % step == step - 1 and extra:
                     woven.append(extra.pop(0))
             base = woven + extra
-        return _prompts._dedup(base)
+        return _prompts.dedup(base)
 
     def jobs(self, i: int, out_dir: str, pool_cache: dict) -> list[tuple[list[dict], str]]:
         """(messages, root request) of shard i's jobs."""
@@ -650,7 +650,7 @@ def _docstrings_text() -> list[str]:
     """pydoc's plain-text rendering of common standard-library modules (prose with code)."""
     import pydoc
     out = []
-    for m in _prompts._CODE_MODULES:
+    for m in _prompts.CODE_MODULES:
         try:
             mod = __import__(m, fromlist=["_"])
             out.append(pydoc.plaintext.document(mod))

@@ -29,7 +29,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ..drafters.dflash import DFlashConfig, DFlashDrafter, BlockNet, _embed_block, _logits
+from ..drafters.dflash import DFlashConfig, DFlashDrafter, BlockNet, embed_block, shared_head_logits
 from .data import TeacherStream, TextCorpus
 from .loop import TrainResult, placement, train, training_info
 from .losses import dflash_gamma, dpace_weights, token_cross_entropy, token_forward_kl_topk
@@ -75,7 +75,7 @@ def block_train_logits(config: DFlashConfig, net_params, shared, tokens, hidden,
     labels = jnp.take_along_axis(tokens, jnp.minimum(where, T - 1).reshape(Bt, -1), axis=1).reshape(where.shape)
     given = {} if prefix_len is None else {"prefix": labels.reshape(Bt * A, B - 1),
                                            "prefix_len": prefix_len.reshape(-1)}
-    x = _embed_block(net_params, shared, anchor_tok.reshape(-1), B, dt, **given).reshape(Bt, A * B, -1)
+    x = embed_block(net_params, shared, anchor_tok.reshape(-1), B, dt, **given).reshape(Bt, A * B, -1)
     a_of = jnp.repeat(anchors, B, axis=1)  # [Bt, A*B]: each query's anchor
     ctx_mask = jnp.arange(T)[None, None, :] < a_of[:, :, None]
     blk = jnp.repeat(jnp.arange(A), B)
@@ -83,7 +83,7 @@ def block_train_logits(config: DFlashConfig, net_params, shared, tokens, hidden,
     h = BlockNet(config).apply({"params": net_params}, hidden, pos, x, bpos, ctx_mask, blk_mask)
     h = h.reshape(Bt, A, B, -1)[:, :, 1:]
     in_range = where < T
-    return _logits(h.reshape(Bt, A * (B - 1), -1), shared).reshape(Bt, A, B - 1, -1), labels, in_range
+    return shared_head_logits(h.reshape(Bt, A * (B - 1), -1), shared).reshape(Bt, A, B - 1, -1), labels, in_range
 
 
 def _gather_teacher(arr, anchors, B):

@@ -41,10 +41,11 @@ import optax
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from smcsd.models import ModelConfig, forward_full, init_model
+from smcsd.models.shipped import export_model, flatten_params  # noqa: F401  (re-exported: saving lives beside loading)
 from smcsd.models.sharding import DATA, MODEL, axis_size, param_specs, put
 
 from .data import TeacherStream, TextCorpus, check_vocab
-from .losses import (_check_alpha, check_weights, cross_entropy, forward_kl, forward_kl_topk, masked_mean,
+from .losses import (check_alpha, check_weights, cross_entropy, forward_kl, forward_kl_topk, masked_mean,
                      token_forward_kl, token_forward_kl_topk, token_renyi, token_renyi_kl_mix,
                      token_renyi_kl_mix_topk, token_renyi_topk, token_reverse_kl, token_reverse_kl_topk)
 
@@ -332,41 +333,6 @@ def restore_checkpoint(mngr, params, opt_state):
 
 
 # ----------------------------------------------------------------------------------------------- export
-
-def flatten_params(params, sep: str = "/") -> dict[str, np.ndarray]:
-    """{"a/b/c": array} of a nested-dict params tree (the safetensors names `load_model_dir` expects)."""
-    flat = {}
-
-    def walk(prefix, node):
-        if isinstance(node, dict) or hasattr(node, "items"):
-            for k, v in node.items():
-                walk(f"{prefix}{sep}{k}" if prefix else str(k), v)
-        else:
-            flat[prefix] = np.asarray(node)
-    walk("", params)
-    return flat
-
-
-def export_model(config: ModelConfig, params, directory: str, dtype: str = "float32", info: dict | None = None):
-    """Write `config.json`, `model.safetensors` (flattened "/"-joined names) and `training.json` (`info`)."""
-    from safetensors.numpy import save_file
-    os.makedirs(directory, exist_ok=True)
-    flat = flatten_params(params)
-    if dtype == "bfloat16":
-        import ml_dtypes
-        flat = {k: v.astype(ml_dtypes.bfloat16) for k, v in flat.items()}
-    elif dtype == "float32":
-        flat = {k: v.astype(np.float32) for k, v in flat.items()}
-    else:
-        raise ValueError(f"export dtype must be 'float32' or 'bfloat16', got {dtype!r}")
-    save_file(flat, os.path.join(directory, "model.safetensors"), metadata={"format": "smcsd-flax"})
-    os.chmod(os.path.join(directory, "model.safetensors"), 0o644)
-    with open(os.path.join(directory, "config.json"), "w") as f:
-        json.dump(config.to_dict(), f, indent=2)
-    if info is not None:
-        with open(os.path.join(directory, "training.json"), "w") as f:
-            json.dump(info, f, indent=2)
-
 
 # ----------------------------------------------------------------------------------------------- curves
 
@@ -717,7 +683,7 @@ class Objective:
         if self.divergence not in DIVERGENCES:
             raise ValueError(f"objective divergence must be one of {', '.join(DIVERGENCES)}, got {self.divergence!r}")
         if self.divergence in ("renyi", "renyi_kl_mix"):
-            _check_alpha("Objective", self.alpha)
+            check_alpha("Objective", self.alpha)
         t = self.temperature
         if isinstance(t, bool) or not isinstance(t, (int, float)) or not math.isfinite(t) or t <= 0:
             raise ValueError(f"objective temperature must be a finite number > 0, got {t!r}")

@@ -43,7 +43,7 @@ import jax.numpy as jnp
 import numpy as np
 
 __all__ = [
-    "block_log_weight", "block_renyi_mc", "block_sum", "cat_weights", "check_weights", "cross_entropy",
+    "block_log_weight", "block_renyi_mc", "block_sum", "cat_weights", "check_alpha", "check_weights", "cross_entropy",
     "dflash_gamma", "dflash_weights", "dpace_weights", "floor_mixture_logq", "forward_kl", "forward_kl_topk",
     "masked_mean", "mix", "renyi", "renyi_topk", "reverse_kl", "reverse_kl_topk", "token_cross_entropy",
     "token_forward_kl", "token_forward_kl_topk", "token_renyi", "token_renyi_kl_mix", "token_renyi_kl_mix_topk",
@@ -246,7 +246,7 @@ def _static_float(fn: str, name: str, value) -> float:
     return float(value)
 
 
-def _check_alpha(fn: str, alpha) -> float:
+def check_alpha(fn: str, alpha) -> float:
     alpha = _static_float(fn, "alpha", alpha)
     if not alpha > 1:
         raise ValueError(f"{fn}: the Rényi order alpha must be > 1, got {alpha!r}; alpha = 1 is the KL divergence "
@@ -404,7 +404,7 @@ def token_renyi(target_logp, draft_logits, alpha: float):
     (2014), "Rényi divergence and Kullback-Leibler divergence", eq. (1); Li & Turner (2016) train variational
     proposals with it.
     """
-    alpha = _check_alpha("token_renyi", alpha)
+    alpha = check_alpha("token_renyi", alpha)
     logp, logits = _floats(target_logp, draft_logits)
     _check_same_vocab("token_renyi", logp, logits)
     logq = logits - jax.nn.logsumexp(logits, axis=-1, keepdims=True)
@@ -424,7 +424,7 @@ def token_renyi_topk(topk_ids, topk_logp, draft_logits, alpha: float):
     p̃ has no mass outside the top-k, so this divergence is finite (its reverse-KL counterpart is not, see
     `token_reverse_kl_topk`). When decoding samples with top-k at the same k, p̃ is exactly the processed target.
     """
-    alpha = _check_alpha("token_renyi_topk", alpha)
+    alpha = check_alpha("token_renyi_topk", alpha)
     ids = jnp.asarray(topk_ids)
     lp, logits = _floats(topk_logp, draft_logits)
     _check_topk("token_renyi_topk", ids, lp, logits)
@@ -441,7 +441,7 @@ def renyi_topk(topk_ids, topk_logp, draft_logits, alpha: float, mask=None):
 
 def _mix_weights(fn: str, alpha, renyi_weight, kl_weight) -> tuple[float, float]:
     """The checked static weights of a Rényi + KL mix (and its alpha, checked even when its term is dropped)."""
-    _check_alpha(fn, alpha)
+    check_alpha(fn, alpha)
     renyi_weight = _static_float(fn, "renyi_weight", renyi_weight)
     kl_weight = _static_float(fn, "kl_weight", kl_weight)
     check_weights(renyi_weight=renyi_weight, kl_weight=kl_weight)
@@ -527,7 +527,7 @@ def block_renyi_mc(target_logp_tokens, draft_logq_tokens, alpha: float = 2.0, ma
     test unroll, where it has one); `mask [..., S, K]`: positions after EOS. Needs S ≥ 2: with one sample the
     gradient is the drafter's log-likelihood of its own sample, which sharpens q instead of covering p.
     """
-    alpha = _check_alpha("block_renyi_mc", alpha)
+    alpha = check_alpha("block_renyi_mc", alpha)
     lp, lq = _floats(target_logp_tokens, draft_logq_tokens)
     if lp.shape != lq.shape or lp.ndim < 2:
         raise ValueError(f"block_renyi_mc: target_logp_tokens {lp.shape} and draft_logq_tokens {lq.shape} must have "

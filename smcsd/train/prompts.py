@@ -22,8 +22,8 @@ import warnings
 
 import numpy as np
 
-__all__ = ["FOLLOW_UPS", "SELF_INSTRUCT_TEMPLATES", "TASKS", "TOPICS", "code_requests", "request_pool",
-           "self_instruct_requests", "templated_requests"]
+__all__ = ["CODE_MODULES", "FOLLOW_UPS", "SELF_INSTRUCT_TEMPLATES", "TASKS", "TOPICS", "code_requests", "request_pool",
+           "dedup", "self_instruct_requests", "templated_requests"]
 
 TOPICS = {
     "science": [
@@ -163,7 +163,7 @@ FOLLOW_UPS = [
     "How would you explain this to a child?", "Can you write that more formally?", "What is a good next step?",
 ]
 
-_CODE_MODULES = ["os", "os.path", "sys", "re", "json", "math", "random", "itertools", "functools", "collections",
+CODE_MODULES = ["os", "os.path", "sys", "re", "json", "math", "random", "itertools", "functools", "collections",
                  "string", "textwrap", "datetime", "time", "statistics", "heapq", "bisect", "shutil", "pathlib",
                  "csv", "hashlib", "base64", "uuid", "copy", "operator", "fractions", "decimal", "glob", "fnmatch",
                  "difflib", "zipfile", "gzip", "tempfile", "subprocess", "argparse", "logging", "unittest",
@@ -203,7 +203,7 @@ def code_requests(seed: int = 0) -> list[str]:
     """Requests about real standard-library functions: qualified name + the first line of the docstring."""
     rng = np.random.default_rng([seed, 0xC0DE])
     out = []
-    for modname in _CODE_MODULES:
+    for modname in CODE_MODULES:
         try:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
@@ -232,7 +232,7 @@ def self_instruct_requests(n: int, seed: int = 0) -> list[str]:
         t=topics[int(rng.integers(len(topics)))]) for _ in range(n)]
 
 
-def _dedup(items) -> list[str]:
+def dedup(items) -> list[str]:
     seen, out = set(), []
     for s in items:
         key = " ".join(s.lower().split())
@@ -246,7 +246,7 @@ def request_pool(seed: int = 0, exclude=()) -> list[str]:
     """Templated and code requests, de-duplicated (case and whitespace folded), minus `exclude`, shuffled by
     `seed` into a fixed order."""
     excluded = {" ".join(s.lower().split()) for s in exclude}
-    pool = [s for s in _dedup(templated_requests(seed) + code_requests(seed))
+    pool = [s for s in dedup(templated_requests(seed) + code_requests(seed))
             if " ".join(s.lower().split()) not in excluded]
     order = np.random.default_rng([seed, 0x9001]).permutation(len(pool))
     return [pool[i] for i in order]

@@ -29,7 +29,7 @@ import numpy as np
 
 from smcsd.models.transformer import Part
 
-from ..drafters.dflash import _logits
+from ..drafters.dflash import shared_head_logits
 from ..drafters.specblock import (SpecBlockConfig, SpecBlockDrafter, SpecBlockNet, causal_blocks, init_rank_params,
                                   rank_class, rank_logits)
 from .dflash import sample_anchors
@@ -68,7 +68,7 @@ def specblock_train_logits(config: SpecBlockConfig, net_params, shared, tokens, 
         bpos = (start[:, :, None] + k).reshape(Bt, A * S)
         h, raw = apply(x, S, bpos, ctx, blk, method=SpecBlockNet.block_hidden)
         hidden_out.append(h.reshape(Bt, A, S, -1))
-        return _logits(h, shared).reshape(Bt, A, S, -1), raw.reshape(Bt, A, S, -1)
+        return shared_head_logits(h, shared).reshape(Bt, A, S, -1), raw.reshape(Bt, A, S, -1)
 
     prev = jnp.take_along_axis(hidden, (anchors - 1)[:, :, None], axis=1)  # [Bt, A, n*H]
     feat1 = apply(prev, method=SpecBlockNet.feature)
