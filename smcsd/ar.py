@@ -52,4 +52,4 @@ def build_ar(target_cfg, draft_cfg, spec: StaticSpec):
     return program
 
 
-AR = register_method(MethodDef(name="ar", build=build_ar, needs_draft=False, headroom=lambda k, n: 0))
+AR = register_method(MethodDef(name="ar", build=build_ar, needs_draft=False, headroom=lambda k, n, tree=None: 0))

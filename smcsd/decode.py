@@ -18,22 +18,13 @@ from smcsd.models import LanguageModel
 from . import defaults as _defaults
 from . import sampling as _sampling
 from .drafters import Drafter, as_drafter
-from .engine import METHODS, MethodDef, ProgramInputs, StaticSpec, bucket, compiled_program
+from .engine import METHODS, MethodDef, MethodOptions, ProgramInputs, StaticSpec, bucket, compiled_program
 from .stats import DecodeResult, DecodeStats, finish_stats
 
 _SELECT = ("sample", "argmax")
 
 # Defaults of method, num_particles and num_speculative_tokens: smcsd/defaults.py (measured per pair, backend and
 # drafter by experiments/studies/choose_defaults.py; docs/methods.md, "Defaults").
-
-
-def _parse_tree(tree):
-    from .drafters.tree import TreeSpec
-    if isinstance(tree, TreeSpec):
-        return tree
-    if isinstance(tree, str):
-        return TreeSpec.parse(tree)
-    raise TypeError(f"tree must be a smcsd.TreeSpec or a string like '2,2,1,1:sample', got {type(tree).__name__}")
 
 
 def _check_int(name, value, minimum):
@@ -122,37 +113,6 @@ def _resolve_models(target, draft):
         raise TypeError(f"draft must be a models.LanguageModel, a smcsd.drafters.Drafter (e.g. "
                         f"smcsd.drafters.PromptLookup()) or None, got {type(draft).__name__}")
     return target, as_drafter(draft)
-
-
-SMC_PROPOSAL = "smc-proposal"  # the drafter name of a pair's proposal trained for SMC (experiments/train/smc_proposal.py)
-
-
-def _target_pair(target) -> str:
-    """The name of the pair a target belongs to ("tiny-code", the default pair, for None); a user's own model gives
-    a name that is no pair."""
-    return "tiny-code" if target is None else str(getattr(target, "name", "")).split("/")[0]
-
-
-def _pair_drafter(target, name: str):
-    """(target, its pair's drafter `name`) or None when the target's pair has no such drafter."""
-    from .pairs import available_drafters, load as load_pair
-    from smcsd.models.registry import FETCHABLE, available_models
-    pair = _target_pair(target)
-    if pair not in available_models() or name not in available_drafters(pair):
-        return None
-    dtype = target.config.dtype if target is not None and pair in FETCHABLE else None  # shipped toys: their own
-    t, drafter = load_pair(pair, drafter=name, dtype=dtype)
-    return (t if target is None else target), drafter
-
-
-def _pair_flex(target):
-    """(target, its pair's FlexDraft adapters) for `decode(method="flex")` without a draft."""
-    found = _pair_drafter(target, "flex")
-    if found is None:
-        raise ValueError("method 'flex' needs FlexDraft adapters for this target and none ship with it: pass "
-                         "draft=smcsd.drafters.FlexDrafter (train one with smcsd.train.train_flex), or use a pair that "
-                         "has them (smcsd.available_drafters(pair) lists 'flex')")
-    return found
 
 
 _WARNED_SLOW_DTYPE = False
@@ -316,14 +276,13 @@ def prepare(
     """Check a `decode` call's arguments and lay it out (static spec, traced inputs, params), without compiling or
     running it: what `decode` runs, and what profilers (experiments/bench/profile_smc.py) take apart. See `decode`."""
     _check_prompt_or_messages(prompt, messages)
-    if method == "flex" and draft is None:  # the target drafts for itself with its pair's FlexDraft adapters
-        target, draft = _pair_flex(target)
-    elif method == "smc" and draft is None:  # the pair's proposal trained for SMC, when it ships one
-        target, draft = _pair_drafter(target, SMC_PROPOSAL) or (target, draft)
-    target, draft = _resolve_models(target, draft)
-    _warn_half_precision_on_cpu(target, draft.language_model if draft is not None else None)
     if method is not None and (not isinstance(method, str) or method not in METHODS):
         raise ValueError(f"unknown method {method!r}; choose one of: {', '.join(sorted(METHODS))}")
+    if method is not None and draft is None and METHODS[method].pair_draft is not None:
+        # the drafter the method takes from the target's pair (flex: its FlexDraft adapters; smc: its proposal)
+        target, draft = METHODS[method].pair_draft(target) or (target, draft)
+    target, draft = _resolve_models(target, draft)
+    _warn_half_precision_on_cpu(target, draft.language_model if draft is not None else None)
     choice = _defaults.choose(target, draft, method)  # the pair's measured defaults (smcsd/defaults.py)
     method = choice.method
     if not isinstance(method, str) or method not in METHODS:
@@ -333,10 +292,12 @@ def prepare(
         if draft is None:
             raise ValueError(f"method {method!r} needs a draft model or drafter: pass draft=... (a small LanguageModel sharing "
                              "the target's vocabulary, or a smcsd.drafters.Drafter such as PromptLookup())")
-        if (method == "flex") != (getattr(draft, "kind", None) == "flex"):
-            raise ValueError("method 'flex' drafts with FlexDraft adapters (draft=smcsd.drafters.FlexDrafter, or "
-                             "smcsd.load(pair, drafter='flex')), and a FlexDrafter works with method='flex' only; got "
-                             f"method={method!r} with {draft.describe()}")
+        only = getattr(draft, "only_method", None)
+        if mdef.drafter_kind is not None and getattr(draft, "kind", None) != mdef.drafter_kind:
+            raise ValueError(f"{mdef.drafter_hint}; got method={method!r} with {draft.describe()}")
+        if only is not None and only != method:
+            hint = METHODS[only].drafter_hint if only in METHODS else f"this drafter drafts for method {only!r} only"
+            raise ValueError(f"{hint}; got method={method!r} with {draft.describe()}")
         draft = draft.bind(target)  # checks the vocabulary (and fills in what the drafter takes from the target)
         if not mdef.exact and not draft.full_support:
             raise ValueError(f"method {method!r} weights particles by p_T/q, so the drafter must give every token "
@@ -359,38 +320,26 @@ def prepare(
         raise ValueError(f"alpha must be a finite number > 0 (1 targets p_T itself), got {alpha!r}")
     if select not in _SELECT:
         raise ValueError(f"select must be one of {_SELECT}, got {select!r}")
-    if method == "smc":
-        from smcsd.resample import get_resampler
-        get_resampler(resampler)  # raises a clear error naming the valid resamplers
-        if temperature == 0 and draft_temperature == 0:
-            warnings.warn("smc at temperature 0 with a greedy draft: all particles are identical, and a single "
-                          "draft token that differs from the target's argmax gives every particle weight -inf "
-                          "(flagged in stats.all_weights_neg_inf). Use method='sd' for exact greedy decoding, or "
-                          "set draft_temperature > 0 so particles explore.", stacklevel=2)
-
-    if method == "sd-tree":
-        tree = _defaults.default_tree(draft, K if num_speculative_tokens is not None else None) if tree is None \
-            else _parse_tree(tree)
-        if num_speculative_tokens is not None and num_speculative_tokens != tree.depth:
-            raise ValueError(f"num_speculative_tokens={num_speculative_tokens} disagrees with the tree's depth "
-                             f"{tree.depth} (tree={str(tree)!r}); pass one of them")
-        K = tree.depth
-        if draft is not None:
-            draft.check_tree(tree)
-        if mesh is not None:
-            raise ValueError("sd-tree runs on one device for now; call decode without mesh=")
-    elif tree is not None:
-        raise ValueError(f"tree= shapes method='sd-tree' only, but method is {method!r}; drop tree= or use sd-tree")
+    if tree is not None and not mdef.takes_tree:
+        takes = [name for name, m in sorted(METHODS.items()) if m.takes_tree]
+        raise ValueError(f"tree= shapes method={' or '.join(repr(t) for t in takes)} only, but method is {method!r}; "
+                         f"drop tree= or use {' or '.join(takes)}")
+    options = MethodOptions(num_speculative_tokens=K, num_speculative_tokens_given=num_speculative_tokens is not None,
+                            num_particles=N, tree=tree, resampler=resampler, temperature=temperature,
+                            draft_temperature=draft_temperature, mesh=mesh)
+    if mdef.configure is not None:  # the method's own checks, and its final K (sd-tree: its tree's depth)
+        options = mdef.configure(options, draft)
+    K, tree = options.num_speculative_tokens, options.tree
 
     if draft is not None and mdef.needs_draft:
         limit = draft.max_tokens_per_proposal
         if limit is not None and K > limit:
             raise ValueError(f"num_speculative_tokens={K} is more than {draft.describe()} drafts per proposal "
                              f"(at most {limit}); pass num_speculative_tokens <= {limit}")
-        if method == "sd-overlap" and draft.learns_online:
-            raise ValueError(f"{draft.describe()} learns online from sd's feedback, which sd-overlap does not pass "
+        if not mdef.passes_feedback and draft.learns_online:
+            raise ValueError(f"{draft.describe()} learns online from sd's feedback, which {method} does not pass "
                              "between its device groups; use method='sd', or a drafter without online adaptation")
-        if mesh is not None and not draft.supports_mesh and method != "sd-overlap":
+        if mesh is not None and not draft.supports_mesh and mdef.place is None:
             raise ValueError(f"{draft.describe()} cannot run on a mesh yet; call decode without mesh= (one device)")
 
     if messages is not None:  # a chat: rendered with the target's template, stopped at its end of turn
@@ -403,7 +352,7 @@ def prepare(
     uses_draft = mdef.needs_draft
     K_eff = K if uses_draft else 0
     N_eff = N if mdef.uses_particles else 1
-    headroom = mdef.headroom(K_eff, N_eff) if method != "sd-tree" else mdef.headroom(K_eff, N_eff, tree)
+    headroom = mdef.headroom(K_eff, N_eff, tree)
     longest = max(len(r) for r in requests)
     max_pos = target.config.max_position_embeddings
     if draft is not None and draft.max_len is not None:
@@ -425,9 +374,9 @@ def prepare(
     out_len = bucket(max_new_tokens + headroom, 8)
     spec = StaticSpec(method=method, batch=B, prompt_len=prompt_width, cache_len=cache_len, out_len=out_len,
                       num_stop=max(1, len(stops)), num_speculative_tokens=K_eff, num_particles=N_eff,
-                      resampler=resampler if method == "smc" else "", select=select if method == "smc" else "",
-                      return_particles=bool(return_particles) and method == "smc",
-                      tree=tree if method == "sd-tree" else None)
+                      resampler=resampler if mdef.resamples else "", select=select if mdef.resamples else "",
+                      return_particles=bool(return_particles) and mdef.resamples,
+                      tree=tree if mdef.takes_tree else None)
 
     pad = target.tokenizer.pad_id if getattr(target.tokenizer, "pad_id", None) is not None else 0
     prompt_arr = np.full((B, prompt_width), pad, np.int32)
@@ -446,12 +395,8 @@ def prepare(
         draft_sampling=_sampling.SamplingParams.make(draft_temperature, *draft_truncation),
         max_new_tokens=jnp.asarray(max_new_tokens, jnp.int32), stop_ids=jnp.asarray(stop_arr),
         ess_threshold=jnp.asarray(ess_threshold, jnp.float32), alpha=jnp.asarray(alpha, jnp.float32))
-    if method == "sd-overlap":  # two device groups (smcsd/overlap.py), each placed by the runner
-        from .overlap import as_meshes
-        mesh = as_meshes(mesh, (B + 1) // 2, draft)
-        one = [m.devices.size == 1 for m in mesh]  # per-layer buffers on one device, stacked to shard on several
-        draft_params = draft.drafter_params() if one[1] else draft.sharded_params()
-        args = (target.decode_params() if one[0] else target.params, draft_params, inputs)
+    if mdef.place is not None:  # a method that places its own arguments (sd-overlap: two device groups)
+        mesh, args = mdef.place(mesh, B, target, draft, inputs)
     elif mesh is None:  # per-layer weight buffers on CPU (LanguageModel.decode_params)
         args = (target.decode_params(), draft.drafter_params() if draft is not None else None, inputs)
     else:  # validate against the batch, put params/inputs on the mesh (smcsd/mesh.py)

@@ -56,17 +56,49 @@ class ProgramInputs(NamedTuple):
 
 
 @dataclasses.dataclass(frozen=True)
+class MethodOptions:
+    """A decode call's method options once checked generically; a method's `configure` returns them final."""
+
+    num_speculative_tokens: int  # K: the pair's default or the caller's
+    num_speculative_tokens_given: bool  # the caller passed num_speculative_tokens=
+    num_particles: int
+    tree: object = None  # sd-tree: None (the default tree), a string or a TreeSpec; configure makes it a TreeSpec
+    resampler: str = "systematic"
+    temperature: float = 1.0
+    draft_temperature: float = 1.0
+    mesh: object = None
+
+
+@dataclasses.dataclass(frozen=True)
 class MethodDef:
+    """A decoding method: how to build its program, and everything `decode` needs to shape a call to it. `decode`
+    dispatches through these fields only (it never branches on a method's name or a drafter's class)."""
+
     name: str
     build: Callable  # (target_cfg, drafter: smcsd.drafters.Drafter | None, StaticSpec) -> program
     needs_draft: bool
-    headroom: Callable  # (num_speculative_tokens, num_particles) -> extra cache/output slots
+    headroom: Callable  # (num_speculative_tokens, num_particles, tree=None) -> extra cache/output slots
     exact: bool = True
     uses_particles: bool = False  # num_particles shapes the program (else it is ignored, not compiled in)
     # A method that is not one program (sd-overlap: a host loop over programs on two device groups): called as
     # runner(target_cfg, drafter, spec, mesh=mesh), it returns a callable like a compiled program with a
     # `compile(*args) -> seconds` that compiles ahead of the run.
     runner: Callable | None = None
+    # (target) -> (target, drafter) or None: the drafter it takes from the target's pair when draft= is left out
+    # (flex: the pair's FlexDraft adapters, raising when none ship; smc: the pair's proposal trained for SMC).
+    pair_draft: Callable | None = None
+    # The one drafter kind it runs with (None: any), and the sentence that says so when the kinds disagree (also
+    # used when a drafter that runs with this method only, `Drafter.only_method`, is given to another method).
+    drafter_kind: str | None = None
+    drafter_hint: str = ""
+    resamples: bool = False  # resampler= / select= / return_particles= shape its program (smc)
+    takes_tree: bool = False  # tree= shapes its program (sd-tree)
+    passes_feedback: bool = True  # an online-learning drafter gets sd's feedback (sd-overlap does not pass it)
+    # (options: MethodOptions, drafter) -> MethodOptions: its own checks and its final K (sd-tree: the tree's depth)
+    configure: Callable | None = None
+    # (mesh, batch, target, drafter, inputs) -> (meshes, args): a method that places its own arguments (sd-overlap:
+    # two device groups); else decode places them on one device or on `mesh` (smcsd.mesh.place_args)
+    place: Callable | None = None
 
 
 METHODS: dict[str, MethodDef] = {}
@@ -214,6 +246,6 @@ def split_key(key, num: int = 2):
     return jax.random.split(key, num)
 
 
-__all__ = ["KVCache", "METHODS", "MethodDef", "ProgramInputs", "StaticSpec", "bucket", "clear_compile_cache",
+__all__ = ["KVCache", "METHODS", "MethodDef", "MethodOptions", "ProgramInputs", "StaticSpec", "bucket", "clear_compile_cache",
            "compiled_program", "compiled_programs", "first_stop_count", "hidden_concat", "is_stop", "prefill",
            "register_method", "release_programs", "verify_call", "write_tokens"]

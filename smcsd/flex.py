@@ -219,9 +219,23 @@ def build_flex(target_cfg, drafter, spec: StaticSpec):
     return program
 
 
-def _headroom(num_speculative_tokens, num_particles):
-    del num_particles
+def _headroom(num_speculative_tokens, num_particles, tree=None):
+    del num_particles, tree
     return num_speculative_tokens + 1
 
 
-FLEX = register_method(MethodDef(name="flex", build=build_flex, needs_draft=True, headroom=_headroom))
+def pair_flex(target):
+    """(target, its pair's FlexDraft adapters) for `decode(method="flex")` without a draft."""
+    from .pairs import pair_drafter
+    found = pair_drafter(target, "flex")
+    if found is None:
+        raise ValueError("method 'flex' needs FlexDraft adapters for this target and none ship with it: pass "
+                         "draft=smcsd.drafters.FlexDrafter (train one with smcsd.train.train_flex), or use a pair that "
+                         "has them (smcsd.available_drafters(pair) lists 'flex')")
+    return found
+
+
+FLEX = register_method(MethodDef(
+    name="flex", build=build_flex, needs_draft=True, headroom=_headroom, pair_draft=pair_flex, drafter_kind="flex",
+    drafter_hint="method 'flex' drafts with FlexDraft adapters (draft=smcsd.drafters.FlexDrafter, or "
+                 "smcsd.load(pair, drafter='flex')), and a FlexDrafter works with method='flex' only"))

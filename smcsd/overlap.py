@@ -436,5 +436,14 @@ def overlap_step_model(t_verify: float, t_draft: float, t_transfer: float = 0.0)
             "beats_sd": t_transfer < min(t_verify, t_draft)}
 
 
+def place(mesh, batch: int, target, drafter, inputs):
+    """sd-overlap's arguments on its two device groups (each placed by the runner): the groups from `mesh`
+    (`as_meshes`), per-layer buffers on a one-device group, stacked params to shard on several."""
+    meshes = as_meshes(mesh, (batch + 1) // 2, drafter)
+    one = [m.devices.size == 1 for m in meshes]
+    draft_params = drafter.drafter_params() if one[1] else drafter.sharded_params()
+    return meshes, (target.decode_params() if one[0] else target.params, draft_params, inputs)
+
+
 SD_OVERLAP = register_method(MethodDef(name="sd-overlap", build=_build, needs_draft=True, headroom=headroom,
-                                       runner=OverlapRunner))
+                                       runner=OverlapRunner, passes_feedback=False, place=place))

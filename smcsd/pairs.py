@@ -137,3 +137,20 @@ def _load_d2sd(pair: str, name: str, target) -> D2SDDrafter:
     main = DFlashDrafter.load(main_dir, dtype=dt, name=f"{pair}/{main_name}")
     vp = DFlashDrafter.load(path, dtype=dt, name=f"{pair}/{name}-vp")
     return D2SDDrafter(main, vp, name=f"{pair}/{name}").bind(target)
+
+
+def target_pair(target) -> str:
+    """The name of the pair a target belongs to ("tiny-code", the default pair, for None); a user's own model gives
+    a name that is no pair."""
+    return "tiny-code" if target is None else str(getattr(target, "name", "")).split("/")[0]
+
+
+def pair_drafter(target, name: str):
+    """(target, its pair's drafter `name`) or None when the target's pair has no such drafter (a method's
+    `pair_draft` when decode is called without draft=; a target of None loads the default pair's)."""
+    pair = target_pair(target)
+    if pair not in available_models() or name not in available_drafters(pair):
+        return None
+    dtype = target.config.dtype if target is not None and pair in FETCHABLE else None  # shipped toys: their own
+    t, drafter = load(pair, drafter=name, dtype=dtype)
+    return (t if target is None else target), drafter

@@ -233,9 +233,9 @@ def build_sd_multi(target_cfg, drafter, spec: StaticSpec):
     return program
 
 
-def headroom(num_speculative_tokens, num_particles):
+def headroom(num_speculative_tokens, num_particles, tree=None):
     """A cycle writes K+1 target tokens (and emits up to K+1) past a live row's position."""
-    del num_particles
+    del num_particles, tree
     return num_speculative_tokens + 1
 
 

@@ -16,13 +16,15 @@ without tree proposals need.)
 
 from __future__ import annotations
 
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 
 from smcsd.models import ancestor_mask, forward_tree
 
 from .drafters import as_drafter
-from .engine import MethodDef, StaticSpec, register_method
+from .engine import MethodDef, MethodOptions, StaticSpec, register_method
 from .engine import hidden_concat
 from .sd import finish_cycle, start
 from .verify import sample_probs, tree_walk
@@ -87,4 +89,32 @@ def _headroom(num_speculative_tokens, num_particles, tree=None):
     return (num_speculative_tokens if tree is None else tree.num_nodes) + 1
 
 
-SD_TREE = register_method(MethodDef(name="sd-tree", build=build_sd_tree, needs_draft=True, headroom=_headroom))
+def parse_tree(tree):
+    """A `TreeSpec` from `tree=` (a TreeSpec, or a string like '2,2,1,1:sample')."""
+    from .drafters.tree import TreeSpec
+    if isinstance(tree, TreeSpec):
+        return tree
+    if isinstance(tree, str):
+        return TreeSpec.parse(tree)
+    raise TypeError(f"tree must be a smcsd.TreeSpec or a string like '2,2,1,1:sample', got {type(tree).__name__}")
+
+
+def configure(options: MethodOptions, drafter) -> MethodOptions:
+    """sd-tree's K is its tree's depth: the tree given (checked against num_speculative_tokens= when both are
+    passed), else the pair's default tree (smcsd.defaults.default_tree) of the K passed, or of its own depth."""
+    from . import defaults
+    K = options.num_speculative_tokens
+    given = options.num_speculative_tokens_given
+    tree = defaults.default_tree(drafter, K if given else None) if options.tree is None else parse_tree(options.tree)
+    if given and K != tree.depth:
+        raise ValueError(f"num_speculative_tokens={K} disagrees with the tree's depth "
+                         f"{tree.depth} (tree={str(tree)!r}); pass one of them")
+    if drafter is not None:
+        drafter.check_tree(tree)
+    if options.mesh is not None:
+        raise ValueError("sd-tree runs on one device for now; call decode without mesh=")
+    return dataclasses.replace(options, num_speculative_tokens=tree.depth, tree=tree)
+
+
+SD_TREE = register_method(MethodDef(name="sd-tree", build=build_sd_tree, needs_draft=True, headroom=_headroom,
+                                    takes_tree=True, configure=configure))

@@ -61,6 +61,7 @@ Conventions (why the weights are right):
 from __future__ import annotations
 
 import contextlib
+import warnings
 from typing import NamedTuple
 
 import jax
@@ -73,7 +74,7 @@ from smcsd.models.sharding import active_layout
 from smcsd.resample import maybe_resample, normalize
 
 from .drafters import as_drafter, initial_feed
-from .engine import MethodDef, ProgramInputs, StaticSpec, first_stop_count, is_stop, register_method, verify_call, \
+from .engine import MethodDef, MethodOptions, ProgramInputs, StaticSpec, first_stop_count, is_stop, register_method, verify_call, \
     write_tokens
 from .sd import start_drafting
 from .sampling import process_logits, sample
@@ -312,5 +313,29 @@ def build_smc(target_cfg, drafter, spec: StaticSpec):
 
 # Cache headroom: the last cycle writes up to K tokens past max_new_tokens (target: x_0..x_K; the
 # emitted count is cut, the writes are not), so K extra slots keep every write in bounds.
-SMC = register_method(MethodDef(name="smc", build=build_smc, needs_draft=True, headroom=lambda k, n: k, uses_particles=True,
-                                exact=False))
+SMC_PROPOSAL = "smc-proposal"  # the drafter name of a pair's proposal trained for SMC (experiments/train/smc_proposal.py)
+
+
+def pair_proposal(target):
+    """(target, its pair's proposal trained for SMC) for `decode(method="smc")` without a draft, or None when the
+    pair ships none (decode then takes the pair's default drafter)."""
+    from .pairs import pair_drafter
+    return pair_drafter(target, SMC_PROPOSAL)
+
+
+def configure(options: MethodOptions, drafter) -> MethodOptions:
+    """smc's own checks: a known resampler; a warning when every particle would be the same greedy draft."""
+    del drafter
+    from smcsd.resample import get_resampler
+    get_resampler(options.resampler)  # raises a clear error naming the valid resamplers
+    if options.temperature == 0 and options.draft_temperature == 0:
+        warnings.warn("smc at temperature 0 with a greedy draft: all particles are identical, and a single "
+                      "draft token that differs from the target's argmax gives every particle weight -inf "
+                      "(flagged in stats.all_weights_neg_inf). Use method='sd' for exact greedy decoding, or "
+                      "set draft_temperature > 0 so particles explore.", stacklevel=3)
+    return options
+
+
+SMC = register_method(MethodDef(name="smc", build=build_smc, needs_draft=True, headroom=lambda k, n, tree=None: k,
+                                uses_particles=True, exact=False, resamples=True, pair_draft=pair_proposal,
+                                configure=configure))

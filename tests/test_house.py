@@ -122,8 +122,6 @@ def test_the_scan_sees_a_crossing(tmp_path, monkeypatch):
 METHOD_NAMES = {"ar", "sd", "sd-multi", "sd-tree", "smc", "flex", "sd-overlap"}
 
 
-@pytest.mark.xfail(strict=True, reason="issue 34: decode.prepare still dispatches by method name until smcsd/methods/ "
-                   "lands (strict: this fails the day the ladder is gone, so the mark goes with it)")
 def test_decode_has_no_method_or_drafter_ladder():
     import smcsd.drafters as drafters
     classes = {n for n in drafters.__all__ if (n.endswith("Drafter") or n == "PromptLookup") and n != "Drafter"}

@@ -123,7 +123,8 @@ class Drafter:
     proposal `smc` runs, `importance_proposal()`'s, gives every token positive probability, so `smc` stays
     consistent), `max_tokens_per_proposal`
     (the largest K it drafts; None: any), `supports_mesh`, `shares_prefix` (`init` takes `suffix_len`),
-    `tree_shapes` (the `TreeSpec.shape`s its `propose_tree` builds), `learns_online` (`feedback` changes its state).
+    `tree_shapes` (the `TreeSpec.shape`s its `propose_tree` builds), `learns_online` (`feedback` changes its state),
+    `only_method` (the one decoding method it drafts for; None: any that takes a drafter).
     A kind overrides them (as attributes or properties) in its own file; the methods only ask.
     """
 
@@ -133,6 +134,7 @@ class Drafter:
     max_tokens_per_proposal: int | None = None  # the largest K `propose` can draft (None: any)
     supports_mesh: bool = True  # decode(mesh=...) can shard its params and state
     shares_prefix: bool = False  # init(..., suffix_len=S) keeps the prompt once per request (smc's particles)
+    only_method: str | None = None  # the one method it drafts for (None: any method that takes a drafter)
 
     # ------------------------------------------------------------------ host side
     def drafter_params(self):

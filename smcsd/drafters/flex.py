@@ -40,6 +40,7 @@ class FlexDrafter(Drafter):
 
     kind = "flex"
     supports_mesh = False
+    only_method = "flex"  # its adapters draft inside the target's own forward (smcsd/flex.py)
 
     def __init__(self, flex_config: FlexConfig, target_config: ModelConfig, params: FlexParams | None = None,
                  name: str = "flex", mode: str = "auto", switch_batch: int = 4, tau: float = 0.0,
