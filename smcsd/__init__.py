@@ -4,21 +4,16 @@
 `ar` (exact autoregressive reference), the exact speculative baselines, and SMC speculative decoding.
 """
 
-from . import ar as _ar  # noqa: F401  (registers "ar")
-from . import sd as _sd  # noqa: F401  (registers "sd", "sd-multi")
-from . import sd_tree as _sd_tree  # noqa: F401  (registers "sd-tree")
-from . import smc as _smc  # noqa: F401  (registers "smc")
-from . import flex as _flex  # noqa: F401  (registers "flex")
-from . import overlap as _overlap  # noqa: F401  (registers "sd-overlap")
+from . import methods  # noqa: F401  (registers every method: smcsd/methods/)
 from .decode import available_methods, decode
-from .mesh import make_mesh
+from .runtime.mesh import make_mesh
 from smcsd.models.registry import available_models, fetch  # noqa: E402
 from . import drafters
 from .drafters import ARDrafter, Drafter, PromptLookup
 from .drafters.tree import TreeSpec
 from .pairs import available_drafters, load
 from .sampling import SamplingParams, process_logits
-from .stats import DecodeResult, DecodeStats
+from .runtime.stats import DecodeResult, DecodeStats
 
 __version__ = "0.1.0"
 

@@ -315,7 +315,7 @@ def cycle_cost(method: str, tcfg, dcfg, B: int, N: int, K: int, cache_len: int, 
                prompt_len: int | None = None, draft_block: int | None = None, tree_widths=None):
     """(cycle seconds, tokens per cycle per request, target call s, draft call s, bound) of one cycle/step.
 
-    `prompt_len`: `smc` keeps each request's prompt KV once, shared by its particles (smcsd/smc.py), and
+    `prompt_len`: `smc` keeps each request's prompt KV once, shared by its particles (smcsd/methods/smc.py), and
     resampling gathers the particles' own slots only (cache_len − prompt_len of them). `draft_block`: the drafter
     is a block drafter (DFlash) of that block size: one call over rows x block tokens per cycle, not K calls."""
     calls = cycle_calls(method, tcfg, dcfg, B, N, K, cache_len, prompt_len, draft_block, tree_widths,

@@ -18,8 +18,8 @@ from smcsd.models import LanguageModel
 from . import defaults as _defaults
 from . import sampling as _sampling
 from .drafters import Drafter, as_drafter
-from .engine import METHODS, MethodDef, MethodOptions, ProgramInputs, StaticSpec, bucket, compiled_program
-from .stats import DecodeResult, DecodeStats, finish_stats
+from .runtime.engine import METHODS, MethodDef, MethodOptions, ProgramInputs, StaticSpec, bucket, compiled_program
+from .runtime.stats import DecodeResult, DecodeStats, finish_stats
 
 _SELECT = ("sample", "argmax")
 
@@ -223,7 +223,7 @@ def decode(
     "1,1,1,1+2" for a D²SD drafter's chain plus 2 re-anchored branches); default: chosen per drafter and backend
     (`smcsd.defaults.default_tree`) with depth num_speculative_tokens.
     mesh: a `jax.sharding.Mesh` with axes ("data", "model") (`smcsd.make_mesh`): requests x particles
-    sharded over "data" (it must divide the number of requests), weights over "model"; see smcsd/mesh.py.
+    sharded over "data" (it must divide the number of requests), weights over "model"; see smcsd/runtime/mesh.py.
     max_new_tokens, seed: tokens to generate per request (at most), and the PRNG seed. num_speculative_tokens (K),
     num_particles (N): the draft length per cycle and sd-multi's drafts / smc's particles (default: as `method`).
     ess_threshold, resampler, alpha, select, return_particles: smc's resampling threshold (ESS < τ·N), scheme
@@ -399,9 +399,9 @@ def prepare(
         mesh, args = mdef.place(mesh, B, target, draft, inputs)
     elif mesh is None:  # per-layer weight buffers on CPU (LanguageModel.decode_params)
         args = (target.decode_params(), draft.drafter_params() if draft is not None else None, inputs)
-    else:  # validate against the batch, put params/inputs on the mesh (smcsd/mesh.py)
+    else:  # validate against the batch, put params/inputs on the mesh (smcsd/runtime/mesh.py)
         draft_params = draft.sharded_params() if draft is not None else None
-        from .mesh import place_args
+        from .runtime.mesh import place_args
         mesh, args = place_args(mesh, spec, target.config, getattr(draft, "config", None),
                                 (target.params, draft_params, inputs))
     return Prepared(mdef, target, draft, spec, args, mesh)

@@ -428,7 +428,7 @@ def measure_call(model, T: int, cache_len: int, repeats: int, calls: int, min_di
 def measure_cycle(built: Built, item: Item, prompt_len: int, cycles: int, repeats: int, seed: int = 0,
                   min_diff_s: float = 0.01) -> dict:
     """Seconds per cycle of `item.method`: the compiled decode program (`smcsd.decode.prepare` + the method's build,
-    compiled as `smcsd.engine.compiled_program` does, without its cache) runs to two output lengths, lo and hi, with
+    compiled as `smcsd.runtime.engine.compiled_program` does, without its cache) runs to two output lengths, lo and hi, with
     the same seed; cycle = (best wall at hi − best wall at lo) / (target calls at hi − at lo). hi is 4x further out
     when the first difference is within `min_diff_s` or a quarter of the short run (the program is compiled for it)."""
     import jax

@@ -23,7 +23,7 @@ def accept_always(monkeypatch):
     reject; programs compiled with it are dropped afterwards."""
     import jax.numpy as jnp
 
-    from smcsd import engine
+    from smcsd.runtime import engine
     from smcsd.verify import chain
     engine.clear_compile_cache()
     monkeypatch.setattr(chain, "accept_test", lambda u, p_x, q_x: jnp.ones(jnp.shape(u), bool))

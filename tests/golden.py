@@ -133,7 +133,7 @@ def compute(include_real: bool, verbose: bool = False, only=None):
 
 def _release() -> None:
     """Free compiled programs between cases (~80 decodes' executables exceed the per-process memory-map limit)."""
-    from smcsd.engine import release_programs
+    from smcsd.runtime.engine import release_programs
     release_programs()
 
 

@@ -3,7 +3,7 @@ set before jax is imported, and the pytest process has already imported jax with
 
 For each method and mesh: decode once unsharded and once on the mesh with the same seed, compare
 tokens and stats, check the params' shardings in the compiled program's inputs, and record the KV
-caches' shardings as the partitioner decided them (`smcsd.mesh.record_cache_shardings`). Also checks
+caches' shardings as the partitioner decided them (`smcsd.runtime.mesh.record_cache_shardings`). Also checks
 `models.load_sharded` and the argument errors. Prints one JSON object (and writes --out).
 
     python tests/mesh_check.py --methods ar,sd,sd-multi,smc --meshes 8x1,4x2,2x4,1x8 --out res.json
@@ -36,8 +36,8 @@ from jax.sharding import NamedSharding  # noqa: E402
 import smcsd  # noqa: E402
 from smcsd.models import ModelConfig, init_model, load_sharded, save_pretrained  # noqa: E402
 from smcsd.models.sharding import cache_spec, param_specs, shard_params  # noqa: E402
-from smcsd import engine  # noqa: E402
-from smcsd.mesh import record_cache_shardings  # noqa: E402
+from smcsd.runtime import engine  # noqa: E402
+from smcsd.runtime.mesh import record_cache_shardings  # noqa: E402
 
 V = 256
 # 8 query heads divide every model axis; the target's 4 KV heads do not divide 8 (replicated there).

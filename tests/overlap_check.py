@@ -27,7 +27,7 @@ import jax  # noqa: E402
 import smcsd  # noqa: E402
 from smcsd.models import ModelConfig, init_model  # noqa: E402
 from smcsd.decode import prepare  # noqa: E402
-from smcsd.overlap import OverlapRunner, overlap_seconds, split_devices  # noqa: E402
+from smcsd.methods.sd_overlap import OverlapRunner, overlap_seconds, split_devices  # noqa: E402
 
 
 def main(argv=None):

@@ -42,7 +42,7 @@ def test_propose_follows_the_fused_q_it_reports():
     R, Kp = 20_000, 3
     prompt = jnp.asarray([PROMPT], jnp.int32)
     from smcsd.models import forward_full
-    from smcsd.engine import hidden_concat
+    from smcsd.runtime.engine import hidden_concat
     _, hid = forward_full(target.config, target.params, prompt, hidden_layers=d.hidden_layers)
     hid = hidden_concat(hid)
     state = d.init(p, prompt, jnp.asarray([len(PROMPT) - 1]), 16, 1, target_hidden=hid[:, :len(PROMPT) - 1])

@@ -18,7 +18,7 @@ import smcsd
 from smcsd.models import forward_full, init_model
 from smcsd.drafters import DFlashDrafter
 from smcsd.drafters.dflash import default_target_layers, reference_logits
-from smcsd.engine import hidden_concat
+from smcsd.runtime.engine import hidden_concat
 from smcsd.sampling import SamplingParams
 from toys import chi_square_pvalue, exact_distribution, sample_counts, tiny_config, tiny_pair, total_variation
 

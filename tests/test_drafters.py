@@ -19,8 +19,8 @@ from flax import struct
 
 import smcsd
 from smcsd.models import KVCache, forward_full
-from smcsd import engine
-from smcsd import smc as smc_mod
+from smcsd.runtime import engine
+from smcsd.methods import smc as smc_mod
 from smcsd.drafters import ARDrafter, Drafter, PromptLookup, TokenHistory, as_drafter
 from smcsd.drafters.base import Proposal
 from toys import chi_square_pvalue, exact_distribution, sample_counts, tiny_pair, total_variation

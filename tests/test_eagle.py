@@ -23,7 +23,7 @@ from smcsd.models import forward_full, init_model
 from smcsd.drafters import DraftVocab, EagleDrafter, KINDS
 from smcsd.drafters.eagle import default_target_layers, eagle_unroll_logits
 from smcsd.drafters.vocab import floor_mixture
-from smcsd.engine import hidden_concat
+from smcsd.runtime.engine import hidden_concat
 from smcsd.sampling import SamplingParams
 from toys import chi_square_pvalue, exact_distribution, sample_counts, tiny_config, tiny_pair, total_variation
 
@@ -59,7 +59,7 @@ def test_default_target_layers_and_registration():
 
 def _one_cycle(d, p, prompt, prompt_len, hid, block, block_hid, n_acc, pending, K, rows, shared, key):
     """init -> propose -> verification (observe the given block, accept n_acc) -> rollback -> propose, the
-    bookkeeping of smcsd/sd.py; returns (first proposal, second proposal)."""
+    bookkeeping of smcsd/methods/sd.py; returns (first proposal, second proposal)."""
     B = prompt.shape[0]
     st = d.init(p, prompt, prompt_len, 32, rows, hid, **({"suffix_len": 24} if shared else {}))
     R = B * rows
@@ -255,7 +255,7 @@ def test_eagle_smc_matches_finite_n_law():
 def test_smc_runs_the_floored_proposal(monkeypatch):
     """smc builds its program from `importance_proposal()` (the floor ε = smc_floor); the exact methods keep q′;
     smc_floor = 0 with a reduced vocabulary is refused (q would be 0 where p_T is not)."""
-    from smcsd import smc as smc_mod
+    from smcsd.methods import smc as smc_mod
     from smcsd.decode import prepare
     target, _ = tiny_pair(V, SEED)
     d = eagle(target, _reduced(target), smc_floor=0.05)

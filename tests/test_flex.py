@@ -1,4 +1,4 @@
-"""FlexDraft (models/flex.py, smcsd/flex.py): the verified positions' logits and cache writes are the plain model's
+"""FlexDraft (models/flex.py, smcsd/methods/flex.py): the verified positions' logits and cache writes are the plain model's
 whatever the masks hold, `flex` reproduces the enumerated p_T and `ar`'s greedy tokens, calibration uses the bonus,
 the adapters save and load, and misuse is refused clearly."""
 
@@ -189,7 +189,7 @@ def test_training_raises_acceptance(tmp_path):
 def test_budget_lengths_and_pack_index():
     """The packed verify's ragged lengths: every live row's first draft before any second, then by cumulative
     confidence within each row's cut; dead rows get none; the pack index lists each row's prefix."""
-    from smcsd.flex import budget_lengths, pack_index
+    from smcsd.methods.flex import budget_lengths, pack_index
     top1 = np.log(np.array([[0.9, 0.9, 0.9], [0.5, 0.99, 0.99], [0.99, 0.99, 0.99], [0.6, 0.6, 0.6]]))
     dlq = jnp.asarray(np.concatenate([top1[..., None], np.full((4, 3, 1), -30.0)], -1), jnp.float32)  # [B, K, 2]
     live = jnp.array([True, True, False, True])
@@ -225,7 +225,7 @@ def test_packed_verify_matches_unpacked_and_ar():
 
 def test_verify_widths():
     """The cut's static widths, and the narrowest one holding every live row's L (dead rows do not count)."""
-    from smcsd.flex import width_index, verify_widths
+    from smcsd.methods.flex import width_index, verify_widths
     assert verify_widths(1) == (1,) and verify_widths(4) == (1, 2, 4) and verify_widths(6) == (1, 2, 4, 6)
     widths = verify_widths(6)
     live = jnp.array([True, True, False])

@@ -151,10 +151,16 @@ def test_the_drafter_base_names_no_kind():
     assert not found, f"smcsd/drafters/base.py names drafter kinds: {found}"
 
 
-# The layers, bottom up: the models and resampling know nothing of drafters or training; drafters and the decoding
-# core know nothing of training (a drafter saves and loads through smcsd.models.shipped, not smcsd.train).
-LOWER = {"smcsd.models": ("smcsd.drafters", "smcsd.train"), "smcsd.resample": ("smcsd.drafters", "smcsd.train"),
-         "smcsd.drafters": ("smcsd.train",)}
+# The layers, bottom up: the models and resampling know nothing of drafters, methods or training; the runtime (program
+# spec, compile cache, shared traced helpers) and the verification math know no method, drafter kind or decode call;
+# drafters know no method and nothing of training (a drafter saves and loads through smcsd.models.shipped, not
+# smcsd.train); the methods know nothing of decode's front door or of training.
+_ABOVE_MODELS = ("smcsd.drafters", "smcsd.methods", "smcsd.runtime", "smcsd.verify", "smcsd.decode", "smcsd.train")
+LOWER = {"smcsd.models": _ABOVE_MODELS, "smcsd.resample": _ABOVE_MODELS,
+         "smcsd.runtime": ("smcsd.drafters", "smcsd.methods", "smcsd.decode", "smcsd.pairs", "smcsd.train"),
+         "smcsd.verify": ("smcsd.drafters", "smcsd.methods", "smcsd.runtime", "smcsd.decode", "smcsd.train"),
+         "smcsd.drafters": ("smcsd.methods", "smcsd.decode", "smcsd.train"),
+         "smcsd.methods": ("smcsd.decode", "smcsd.train")}
 
 
 def upward_imports() -> list[str]:
@@ -177,3 +183,20 @@ def test_no_layer_imports_one_above_it(tmp_path, monkeypatch):
     monkeypatch.setitem(globals(), "ROOT", tmp_path)
     monkeypatch.setitem(globals(), "TREES", ("smcsd",))
     assert [f for f in upward_imports() if "imports smcsd.train.loop" in f], upward_imports()
+
+
+def test_every_package_is_installed():
+    """`pip install .` (not -e) installs only the packages pyproject.toml lists: every package directory of the
+    source must be there (a missing one imports in the repository and fails once installed)."""
+    tomllib = pytest.importorskip("tomllib")
+    with open(ROOT / "pyproject.toml", "rb") as f:
+        tool = tomllib.load(f)["tool"]["setuptools"]
+    listed, dirs = set(tool["packages"]), {"smcsd." + k.split(".", 1)[1]: v for k, v in tool["package-dir"].items()}
+    found = set()
+    for top, name in (("smcsd", "smcsd"), *((v, k) for k, v in dirs.items())):
+        for init in (ROOT / top).rglob("__init__.py"):
+            rel = init.parent.relative_to(ROOT / top)
+            if "shipped" not in rel.parts:
+                found.add(".".join((name, *rel.parts)))
+    assert found - listed == set(), f"packages missing from pyproject.toml [tool.setuptools] packages: {found - listed}"
+    assert listed - found == set(), f"pyproject.toml lists packages that do not exist: {listed - found}"

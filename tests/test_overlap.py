@@ -1,4 +1,4 @@
-"""`sd-overlap` (MineDraft, smcsd/overlap.py): the same output law as `sd` by enumeration (with an AR and a block
+"""`sd-overlap` (MineDraft, smcsd/methods/sd_overlap.py): the same output law as `sd` by enumeration (with an AR and a block
 drafter), a broken acceptance rule that the same test rejects, identical tokens in sequential and overlapped order,
 odd batches, the throughput model, and bad input. The 8-device runs (4 + 4 groups) are in tests/overlap_check.py,
 run by the slow test at the end in a subprocess (XLA_FLAGS must be set before jax is imported)."""
@@ -14,9 +14,9 @@ import numpy as np
 import pytest
 
 import smcsd
-from smcsd import engine
+from smcsd.runtime import engine
 from smcsd.drafters import DFlashDrafter
-from smcsd.overlap import OverlapMeshes, OverlapRunner, overlap_step_model, split_devices
+from smcsd.methods.sd_overlap import OverlapMeshes, OverlapRunner, overlap_step_model, split_devices
 from toys import chi_square_pvalue, exact_distribution, sample_counts, tiny_pair, total_variation
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -128,7 +128,7 @@ def test_errors():
     with pytest.raises(ValueError, match="learns online"):
         decode(prompts, **{**args, "draft": adaptive})
     with pytest.raises(ValueError, match="data axis"):  # a 2-row half cannot be split over a 3-wide data axis
-        from smcsd.overlap import as_meshes
+        from smcsd.methods.sd_overlap import as_meshes
         as_meshes(OverlapMeshes(smcsd.make_mesh(1, 1), smcsd.make_mesh(1, 1))._replace(
             target=_fake_mesh(3)), 2)
     one = split_devices()

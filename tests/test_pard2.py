@@ -16,7 +16,7 @@ import smcsd
 from smcsd.models import forward_full, init_model
 from smcsd.models.transformer import InputEdits
 from smcsd.drafters.pard2 import FEATURE_SCALE, PARD2Drafter
-from smcsd.engine import hidden_concat
+from smcsd.runtime.engine import hidden_concat
 from toys import chi_square_pvalue, exact_distribution, sample_counts, tiny_config, tiny_pair, total_variation
 
 P_MIN = 1e-3  # a correct sampler fails a chi-square test with probability 1e-3 (seeds are fixed anyway)

@@ -14,7 +14,7 @@ from smcsd.models import forward_cached, init_cache, init_model
 from smcsd.models.transformer import unstack_layers
 from smcsd.decode import prepare
 from smcsd.drafters import DFlashDrafter
-from smcsd.smc import prefix_sharing
+from smcsd.methods.smc import prefix_sharing
 
 from toys import tiny_config, tiny_pair
 

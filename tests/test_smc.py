@@ -30,8 +30,8 @@ from scipy import stats as sps
 
 import smcsd
 from smcsd.models import forward_cached
-from smcsd import engine
-from smcsd import smc as smc_mod
+from smcsd.runtime import engine
+from smcsd.methods import smc as smc_mod
 from smcsd.sampling import SamplingParams, process_logits
 from toys import chi_square_pvalue, exact_distribution, tiny_pair, total_variation
 

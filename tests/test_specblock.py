@@ -16,7 +16,7 @@ import smcsd
 from smcsd.models import forward_full
 from smcsd.drafters import SpecBlockDrafter, initial_feed
 from smcsd.drafters.specblock import reference_block_logits
-from smcsd.engine import hidden_concat
+from smcsd.runtime.engine import hidden_concat
 from smcsd.sampling import SamplingParams
 from toys import chi_square_pvalue, exact_distribution, sample_counts, tiny_pair, total_variation
 

@@ -116,7 +116,7 @@ def test_compact_moves_the_path(unstacked):
 # ----------------------------------------------------------------------------- sd-tree: exactness by enumeration
 
 import smcsd  # noqa: E402
-from smcsd import engine  # noqa: E402
+from smcsd.runtime import engine  # noqa: E402
 from toys import chi_square_pvalue, exact_distribution, sample_counts, tiny_pair, total_variation  # noqa: E402
 
 # The enumeration setting of tests/test_sd.py: vocab 6, prompt [0, 1], 3 new tokens (216 outcomes), a draft far
@@ -283,7 +283,7 @@ def test_variable_prefix_training_matches_decode_path():
     ignores the given positions."""
     from smcsd.models import forward_full
     from smcsd.drafters import DFlashDrafter
-    from smcsd.engine import hidden_concat
+    from smcsd.runtime.engine import hidden_concat
     from smcsd.train.dflash import block_loss, block_train_logits
     from toys import tiny_config
     target = init_model(tiny_config(6, layers=3), 0, init_std=0.8)

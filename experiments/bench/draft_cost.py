@@ -39,7 +39,7 @@ def main(argv=None) -> int:
     import smcsd
     from experiments.common import prompts_for
     from smcsd.drafters import as_drafter, initial_feed
-    from smcsd.engine import prefill, verify_call
+    from smcsd.runtime.engine import prefill, verify_call
     from smcsd.sampling import SamplingParams
 
     smol = args.pair == "smollm2-135m"

@@ -55,7 +55,7 @@ def main(argv=None) -> int:
 
     from smcsd.models import forward_cached
     from smcsd.drafters import DraftVocab, EagleDrafter
-    from smcsd.engine import prefill
+    from smcsd.runtime.engine import prefill
     from smcsd.sampling import SamplingParams
 
     t_start = time.time()

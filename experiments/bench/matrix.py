@@ -428,9 +428,9 @@ def markdown(results: list[dict]) -> str:
 
 
 def release_programs() -> None:
-    """Drop every compiled program before a suite (`smcsd.engine.release_programs`: a full matrix after make_docs'
+    """Drop every compiled program before a suite (`smcsd.runtime.engine.release_programs`: a full matrix after make_docs'
     other benchmarks compiles enough executables to exhaust the per-process memory-map limit)."""
-    from smcsd.engine import release_programs as release
+    from smcsd.runtime.engine import release_programs as release
     release()
 
 

@@ -151,7 +151,7 @@ def main(argv=None):
 
     import smcsd
     from smcsd.models import ModelConfig, init_model
-    from smcsd import engine
+    from smcsd.runtime import engine
 
     V = 256
     tcfg = ModelConfig(vocab_size=V, hidden_size=args.hidden, intermediate_size=3 * args.hidden,

@@ -17,7 +17,7 @@ Timings are over `--repeats` interleaved rounds, compile and a warm-up excluded.
 The model: per half-batch, t_verify and t_draft are the mean durations of the verify and drafter-step programs in
 a sequential traced run (nothing else running), and t_transfer the measured device-to-device copy of one proposal
 (tokens + log q [B/2, K, V] float32) and one observation. Predicted step: sequential 2 (t_verify + t_draft + t_transfer),
-overlapped 2 (max(t_verify, t_draft) + t_transfer) (`smcsd.overlap.overlap_step_model`).
+overlapped 2 (max(t_verify, t_draft) + t_transfer) (`smcsd.methods.sd_overlap.overlap_step_model`).
 
 What this CPU can and cannot show: the 8 "devices" are threads over the same 2 cores and one memory bus. Two programs
 do run at the same time (the timeline's both-busy seconds), but they share the cores, so the overlap hides drafting
@@ -49,7 +49,7 @@ from experiments import report  # noqa: E402
 
 def measure_transfer(meshes, rows: int, K: int, V: int, hidden: int, repeats: int = 5) -> float:
     """Seconds to copy one proposal drafter -> target and one observation target -> drafter for `rows` rows."""
-    from smcsd.overlap import place_rows
+    from smcsd.methods.sd_overlap import place_rows
     prop = place_rows(meshes.drafter, (jnp.zeros((rows, K), jnp.int32), jnp.zeros((rows, K, V), jnp.float32)))
     obs = place_rows(meshes.target, (jnp.zeros((rows, K + 1), jnp.int32), jnp.zeros((rows, 6), jnp.int32))
                       + ((jnp.zeros((rows, K + 1, hidden), jnp.float32),) if hidden else ()))
@@ -100,9 +100,9 @@ def main(argv=None):
 
     import smcsd
     from experiments.common import BENCH_PROMPTS, chat_prompts
-    from smcsd import engine
+    from smcsd.runtime import engine
     from smcsd.decode import prepare
-    from smcsd.overlap import OverlapMeshes, overlap_seconds, overlap_step_model
+    from smcsd.methods.sd_overlap import OverlapMeshes, overlap_seconds, overlap_step_model
 
     if len(jax.devices()) < NUM_DEVICES:
         raise SystemExit(f"needs {NUM_DEVICES} devices (XLA_FLAGS was set before jax was imported elsewhere?)")

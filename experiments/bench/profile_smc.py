@@ -51,9 +51,9 @@ def profile_cell(target, drafter, prompt_ids, n, k, temperature, max_new, warm_c
 
     import smcsd
     from smcsd.decode import prepare
-    from smcsd.engine import verify_call
+    from smcsd.runtime.engine import verify_call
     from smcsd.sampling import process_logits, sample
-    from smcsd.smc import weight_increment, take_rows, prefix_sharing, program_parts
+    from smcsd.methods.smc import weight_increment, take_rows, prefix_sharing, program_parts
 
     kw = dict(target=target, draft=drafter, method="smc", num_particles=n, num_speculative_tokens=k,
               temperature=temperature, max_new_tokens=max_new, eos_id=[], seed=1)

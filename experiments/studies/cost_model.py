@@ -27,7 +27,7 @@ Assumptions (also printed with every run and stored in the JSON):
     calls + 1 target call on B·N rows, tokens per cycle from its measured mean acceptance length the
     same way. `smc`: K draft calls + 1 target call on B·N rows × (K+1) tokens, exactly K+1 tokens per
     cycle per request; the prompt's KV is read once per request (the particles share it: cascade
-    attention, smcsd/smc.py) and each particle reads its own slots after the prompt; plus, on the
+    attention, smcsd/methods/smc.py) and each particle reads its own slots after the prompt; plus, on the
     measured fraction of cycles that resample, a gather of the particles' own slots of both caches
     (read + write; the prompt never moves). A block drafter (DFlash, pair smollm2-135m+dflash) costs one
     call over rows × block tokens per cycle instead of K calls.
@@ -146,9 +146,9 @@ def overlap_pairs():
 
 def overlap_projection(tcfg, dcfg, B: int, K: int, cache_len: int, dev: Device, stats: dict,
                        draft_block: int | None = None, hidden_bytes_per_token: int = 0) -> dict:
-    """sd vs sd-overlap (MineDraft, smcsd/overlap.py) on `dev`, per cycle of sd at batch B. sd runs the batch's K draft
+    """sd vs sd-overlap (MineDraft, smcsd/methods/sd_overlap.py) on `dev`, per cycle of sd at batch B. sd runs the batch's K draft
     calls, then its verification, on one group. sd-overlap gives the drafter a group of its own and alternates two
-    half-batches, so a half-step costs max(t_verify, t_draft) + t_transfer (smcsd.overlap.overlap_step_model), where
+    half-batches, so a half-step costs max(t_verify, t_draft) + t_transfer (smcsd.methods.sd_overlap.overlap_step_model), where
     t_transfer moves the proposal's tokens + log q [h, K, V] float32 and the verified block back over the device link.
     Two settings:
     - same requests (`overlap_same_*`): the B requests split into halves of B/2. When calls are memory-bound a half
@@ -161,7 +161,7 @@ def overlap_projection(tcfg, dcfg, B: int, K: int, cache_len: int, dev: Device, 
     `draft_block`: the drafter is a block drafter (DFlash) of that block size, one call over rows x block tokens per
     cycle (as in `cycle_cost`); `hidden_bytes_per_token`: bytes of target hidden states it gets back per verified
     token (its layers x hidden size x dtype bytes), added to the transfer. Defaults: an AR drafter, nothing extra."""
-    from smcsd.overlap import overlap_step_model
+    from smcsd.methods.sd_overlap import overlap_step_model
     tokens = expected_tokens(stats["acceptance_sd"], K) if stats.get("acceptance_sd") is not None else float("nan")
 
     def drafting(h):
@@ -189,7 +189,7 @@ def overlap_projection(tcfg, dcfg, B: int, K: int, cache_len: int, dev: Device, 
 
 def flex_cycle_times(cfg, B: int, K: int, group: int, adapter_layers: int, calib_hidden: int, cache_len: int,
                      dev: Device, with_bound: bool = False):
-    """(parallel, sequential) seconds of one `flex` cycle (FlexDraft, smcsd/flex.py) for B rows on `dev`, by the
+    """(parallel, sequential) seconds of one `flex` cycle (FlexDraft, smcsd/methods/flex.py) for B rows on `dev`, by the
     roofline of each call (weights read once per call, FLOPs counted per token and layer):
     parallel: one call over K+1 clean tokens through every layer plus (K+1) mask groups of `group` tokens through the
     last `adapter_layers` layers, LM head on the K+1 clean rows and on K draft rows (+ the calibration MLP);
@@ -332,7 +332,7 @@ def _prompt_width(B: int) -> int:
     _rf()
     from experiments.bench import speed as bs
     from smcsd.models import ByteTokenizer
-    from smcsd.engine import bucket
+    from smcsd.runtime.engine import bucket
     longest = max(len(ByteTokenizer().encode(p)) for p in bs.prompts_for("cost-model", B, None))
     return bucket(longest, 8)
 

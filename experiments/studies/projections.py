@@ -393,7 +393,7 @@ def project_pair(dname: str, pair: Pair, ev: Evidence, args) -> list[dict]:
     if a_sd is None:
         rows.append(_skip(dname, dev, chips, pair, "sd-overlap", no_sd, K=K, settings=f"K={K}"))
     else:
-        Be = B + B % 2  # an odd batch gets one padding row (smcsd/overlap.py): halves of Be / 2
+        Be = B + B % 2  # an odd batch gets one padding row (smcsd/methods/sd_overlap.py): halves of Be / 2
         hidden = pair.hidden_layers * tcfg.hidden_size * 2  # block drafters get the target's hidden states back
         stats = {"acceptance_sd": a_sd}
         same = cm.overlap_projection(tcfg, dcfg, Be, K, context + K + 1, dev, stats, block, hidden)

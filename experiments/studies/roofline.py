@@ -14,7 +14,7 @@ through the chip, so the attainable time of a call is bytes / bandwidth. This sc
    into a token (top-k/top-p processing sorts the vocabulary), both used by experiments/studies/cost_model.py;
 2. times, with `jax.block_until_ready` and the cache donated (as inside the decode loop), the
    target's one-token cached decode step at batch 1 and at a larger batch, the (K+1)-token verify
-   call, the draft's one-token step, and one full SMC cycle (`smcsd.smc.program_parts`: K draft
+   call, the draft's one-token step, and one full SMC cycle (`smcsd.methods.smc.program_parts`: K draft
    calls + 1 target call over B·N rows, weights, bonus, ESS test) with resampling off (τ = 0) and on
    every cycle (τ = 1);
 3. reports achieved bandwidth = modelled bytes / measured time and its fraction of the roofline.
@@ -235,15 +235,15 @@ def time_forward(model, rows: int, tokens_per_row: int, context: int, cache_len:
 
 def time_smc_cycle(target, draft, batch: int, particles: int, K: int, context: int, cache_len: int,
                    ess_threshold: float, repeats: int, seed: int = 0):
-    """Median time of one SMC cycle (`smcsd.smc.program_parts`) on batch × particles rows whose caches
+    """Median time of one SMC cycle (`smcsd.methods.smc.program_parts`) on batch × particles rows whose caches
     hold `context` tokens; the state is donated and its lengths reset after each cycle."""
     import jax
     import jax.numpy as jnp
     import numpy as np
 
     from smcsd import sampling as _sampling
-    from smcsd.engine import ProgramInputs, StaticSpec
-    from smcsd.smc import program_parts
+    from smcsd.runtime.engine import ProgramInputs, StaticSpec
+    from smcsd.methods.smc import program_parts
 
     out_len = 8 * math.ceil((2 * (K + 1) + 1) / 8)
     spec = StaticSpec(method="smc", batch=batch, prompt_len=context, cache_len=cache_len, out_len=out_len,

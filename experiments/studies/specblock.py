@@ -61,7 +61,7 @@ def main(argv=None) -> int:
     import smcsd
     from experiments.common import prompts_for
     from smcsd.drafters import OnlineAdapt, SpecBlockDrafter, initial_feed
-    from smcsd.engine import prefill
+    from smcsd.runtime.engine import prefill
     from smcsd.sampling import SamplingParams
     from experiments.bench.tree import bootstrap_se, pooled
 

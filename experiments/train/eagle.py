@@ -52,7 +52,7 @@ def corpus_and_counts(args, target):
     from smcsd.train.eagle import token_corpus
     sdc = SelfDistilledCorpus(args.corpus, tokenizer=target.tokenizer)
     corpus = token_corpus(sdc, seq_len=args.seq_len, batch_size=args.batch_size, include_text=not args.no_text,
-                          max_tokens=args.max_tokens, loss_on=args.loss_on)
+                          max_tokens=args.max_tokens, loss_on=args.loss_on, seed=args.data_seed)
     return corpus, sdc.answer_frequencies(V)
 
 
@@ -76,6 +76,9 @@ def main(argv=None):
     ap.add_argument("--warm-start", default=None, help="start from this EAGLE checkpoint directory's weights")
     ap.add_argument("--smc-floor", type=float, default=0.02, help="ε of smc's floor mixture (stored with the drafter)")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--data-seed", type=int, default=0,
+                    help="order of the training rows (epoch e visits the permutation drawn from (data-seed, e)); "
+                         "a warm-started continuation takes a new one to see rows in a new order")
     ap.add_argument("--no-teacher-cache", action="store_true",
                     help="run the target on each batch instead of caching its outputs (smoke runs)")
     train_cli.add_training_args(ap, export_help="export into the pair's shipped drafters (models/shipped/<pair>/"

@@ -15,7 +15,7 @@ import jax.numpy as jnp
 
 from smcsd.models import LanguageModel, ModelConfig, forward_cached, forward_tree
 
-from ..engine import prefill
+from ..runtime.engine import prefill
 from ..sampling import process_logits, sample
 from .base import Drafter, Proposal, TreeProposal
 from .tree import product_tree, static_ancestors

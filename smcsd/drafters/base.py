@@ -39,7 +39,7 @@ import jax
 import jax.numpy as jnp
 from flax import struct
 
-from ..engine import write_tokens
+from ..runtime.engine import write_tokens
 
 
 class Proposal(NamedTuple):
@@ -51,7 +51,7 @@ class Proposal(NamedTuple):
 
 
 class TreeProposal(NamedTuple):
-    """A token tree of M nodes per row (`propose_tree`; verified by `sd-tree`, smcsd/sd_tree.py).
+    """A token tree of M nodes per row (`propose_tree`; verified by `sd-tree`, smcsd/methods/sd_tree.py).
 
     Node m has parent `parents[r, m]` (< m; −1: a child of the pending token x_0) and depth `depths[r, m]` (1 = a
     child of x_0). `logq[r, m]` is node m's *trial distribution*: the law it was drawn from given its parent's

@@ -13,7 +13,7 @@ Per proposal (two drafter forwards, whatever the number of branches):
 Exactness (`sd-tree`'s walk): the branch points are a function of the main block's distributions only (not of its
 sampled tokens), and each branch token is drawn from its recorded distribution given the path above it, independently
 of everything else, so recursive rejection sampling with those distributions is exact. Equal tokens of the chain
-and a branch merge in the walk (smcsd/sd_tree.py), which is D²SD's "first still-valid branch" made exact. The
+and a branch merge in the walk (smcsd/methods/sd_tree.py), which is D²SD's "first still-valid branch" made exact. The
 authors verify K + 1 separate rows with cascade attention over the shared prefix; one flattened tree in one row
 reads the context once as well and verifies fewer tokens (the branch prefixes are not repeated).
 """

@@ -2,7 +2,7 @@
 
 Holds what FlexDraft adds to a target (`models.flex`): mask-token adapters (own q/k/v/o projections in the last
 `adapter_layers` layers, everything else shared and frozen), the mask vector, and the bonus-guided calibration MLP.
-It does not propose on its own: method `flex` (smcsd/flex.py) drafts and verifies in one target forward with it.
+It does not propose on its own: method `flex` (smcsd/methods/flex.py) drafts and verifies in one target forward with it.
 `FlexDrafter.create(target, adapter_layers=2, group_size=4)` starts from the target's own attention weights;
 training (`smcsd.train.train_flex`) fits the adapters and the calibration MLP with the target frozen.
 """
@@ -40,7 +40,7 @@ class FlexDrafter(Drafter):
 
     kind = "flex"
     supports_mesh = False
-    only_method = "flex"  # its adapters draft inside the target's own forward (smcsd/flex.py)
+    only_method = "flex"  # its adapters draft inside the target's own forward (smcsd/methods/flex.py)
 
     def __init__(self, flex_config: FlexConfig, target_config: ModelConfig, params: FlexParams | None = None,
                  name: str = "flex", mode: str = "auto", switch_batch: int = 4, tau: float = 0.0,

@@ -28,7 +28,7 @@ import numpy as np
 from smcsd.models import KVCache, LanguageModel, ModelConfig, forward_cached
 from smcsd.models.transformer import InputEdits
 
-from ..engine import prefill
+from ..runtime.engine import prefill
 from ..sampling import process_logits, sample
 from .base import Drafter, Proposal, TokenHistory, check_hidden_layers
 

@@ -3,7 +3,7 @@
 A tree of M nodes hangs under the pending token x_0 (the root, not a node). Nodes are stored breadth-first:
 the *product* part first (every node at depth d−1 gets `branching[d−1]` children), then D²SD's re-anchored
 branches (`branches` of them, `depth` slots each, filled by `D2SDDrafter`). A node's children are drawn in
-one of three ways, and each way comes with the distribution the exact tree walk (`smcsd/sd_tree.py`) must
+one of three ways, and each way comes with the distribution the exact tree walk (`smcsd/methods/sd_tree.py`) must
 test that child against — its *trial distribution*, what `TreeProposal.logq` holds:
 
 - `"sample"` — i.i.d. draws from q at the parent (SpecInfer). Trial distribution: q itself.

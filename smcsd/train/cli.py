@@ -219,7 +219,7 @@ def mesh_of(args):
         jax.distributed.initialize(**kw)
     elif any(getattr(args, k, None) is not None for k in ("coordinator", "num_processes", "process_id")):
         raise ValueError("--coordinator / --num-processes / --process-id need --distributed")
-    from smcsd.mesh import parse_mesh
+    from smcsd.runtime.mesh import parse_mesh
     return parse_mesh(getattr(args, "mesh", None))
 
 

@@ -317,7 +317,7 @@ class TeacherStream:
         self.mesh = None
         split = False  # other processes feed other rows of each batch
         if mesh is not None:
-            from ..mesh import check_mesh
+            from ..runtime.mesh import check_mesh
             mesh = check_mesh(mesh)
             self.mesh = teacher_mesh(mesh)
             split = self.mesh.devices.shape[0] < dict(mesh.shape)["data"] and jax.process_count() > 1

@@ -261,7 +261,7 @@ def placement(mesh: "Mesh | Placement | None" = None) -> Placement:
     `smcsd.make_mesh`); None: one device, the plain loop."""
     if mesh is None or isinstance(mesh, Placement):
         return mesh or Placement(None)
-    from ..mesh import check_mesh
+    from ..runtime.mesh import check_mesh
     return Placement(check_mesh(mesh))
 
 

@@ -40,11 +40,11 @@ from smcsd.models import forward_cached, init_cache
 from smcsd.models.flex import draft_logits, forward_flex
 from smcsd.models.transformer import layers_unstacked
 
-from .engine import MethodDef, StaticSpec, register_method
-from .sampling import process_logits, sample
-from .engine import is_stop
+from ..runtime.engine import MethodDef, StaticSpec, register_method
+from ..sampling import process_logits, sample
+from ..runtime.engine import is_stop
 from .sd import SDState, finish_cycle
-from .verify import chain_accept, sample_probs
+from ..verify import chain_accept, sample_probs
 
 
 def cumulative_confidence(dlq):
@@ -226,7 +226,7 @@ def _headroom(num_speculative_tokens, num_particles, tree=None):
 
 def pair_flex(target):
     """(target, its pair's FlexDraft adapters) for `decode(method="flex")` without a draft."""
-    from .pairs import pair_drafter
+    from ..pairs import pair_drafter
     found = pair_drafter(target, "flex")
     if found is None:
         raise ValueError("method 'flex' needs FlexDraft adapters for this target and none ship with it: pass "

@@ -73,11 +73,11 @@ from smcsd.models import KVCache
 from smcsd.models.sharding import active_layout
 from smcsd.resample import maybe_resample, normalize
 
-from .drafters import as_drafter, initial_feed
-from .engine import MethodDef, MethodOptions, ProgramInputs, StaticSpec, first_stop_count, is_stop, register_method, verify_call, \
+from ..drafters import as_drafter, initial_feed
+from ..runtime.engine import MethodDef, MethodOptions, ProgramInputs, StaticSpec, first_stop_count, is_stop, register_method, verify_call, \
     write_tokens
 from .sd import start_drafting
-from .sampling import process_logits, sample
+from ..sampling import process_logits, sample
 
 
 class SMCState(NamedTuple):
@@ -122,7 +122,7 @@ def prefix_sharing(on: bool):
     """Programs built inside keep the prompt once per request (on) or copy it into every particle (off: the old
     layout, for comparisons in tests and experiments/bench/profile_smc.py). The compile cache is cleared on entry and
     exit, since the switch is not part of a program's key."""
-    from .engine import clear_compile_cache
+    from ..runtime.engine import clear_compile_cache
     _SHARING.append(bool(on))
     clear_compile_cache()
     try:
@@ -319,7 +319,7 @@ SMC_PROPOSAL = "smc-proposal"  # the drafter name of a pair's proposal trained f
 def pair_proposal(target):
     """(target, its pair's proposal trained for SMC) for `decode(method="smc")` without a draft, or None when the
     pair ships none (decode then takes the pair's default drafter)."""
-    from .pairs import pair_drafter
+    from ..pairs import pair_drafter
     return pair_drafter(target, SMC_PROPOSAL)
 
 

@@ -26,11 +26,11 @@ from typing import Any
 
 from smcsd.models import KVCache
 
-from .drafters import as_drafter, initial_feed
-from .engine import MethodDef, ProgramInputs, StaticSpec, first_stop_count, is_stop, prefill, register_method, \
+from ..drafters import as_drafter, initial_feed
+from ..runtime.engine import MethodDef, ProgramInputs, StaticSpec, first_stop_count, is_stop, prefill, register_method, \
     verify_call, write_tokens
-from .sampling import process_logits, sample
-from .verify import chain_accept, rrs_walk, sample_probs
+from ..sampling import process_logits, sample
+from ..verify import chain_accept, rrs_walk, sample_probs
 
 
 # ----------------------------------------------------------------------------- shared loop pieces

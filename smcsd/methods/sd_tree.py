@@ -23,11 +23,11 @@ import jax.numpy as jnp
 
 from smcsd.models import ancestor_mask, forward_tree
 
-from .drafters import as_drafter
-from .engine import MethodDef, MethodOptions, StaticSpec, register_method
-from .engine import hidden_concat
+from ..drafters import as_drafter
+from ..runtime.engine import MethodDef, MethodOptions, StaticSpec, register_method
+from ..runtime.engine import hidden_concat
 from .sd import finish_cycle, start
-from .verify import sample_probs, tree_walk
+from ..verify import sample_probs, tree_walk
 
 
 def build_sd_tree(target_cfg, drafter, spec: StaticSpec):
@@ -91,7 +91,7 @@ def _headroom(num_speculative_tokens, num_particles, tree=None):
 
 def parse_tree(tree):
     """A `TreeSpec` from `tree=` (a TreeSpec, or a string like '2,2,1,1:sample')."""
-    from .drafters.tree import TreeSpec
+    from ..drafters.tree import TreeSpec
     if isinstance(tree, TreeSpec):
         return tree
     if isinstance(tree, str):
@@ -102,7 +102,7 @@ def parse_tree(tree):
 def configure(options: MethodOptions, drafter) -> MethodOptions:
     """sd-tree's K is its tree's depth: the tree given (checked against num_speculative_tokens= when both are
     passed), else the pair's default tree (smcsd.defaults.default_tree) of the K passed, or of its own depth."""
-    from . import defaults
+    from .. import defaults
     K = options.num_speculative_tokens
     given = options.num_speculative_tokens_given
     tree = defaults.default_tree(drafter, K if given else None) if options.tree is None else parse_tree(options.tree)

@@ -11,8 +11,8 @@ import jax.numpy as jnp
 
 from smcsd.models import forward_cached
 
-from .engine import MethodDef, ProgramInputs, StaticSpec, is_stop, prefill, register_method, write_tokens
-from .sampling import sample_logits
+from ..runtime.engine import MethodDef, ProgramInputs, StaticSpec, is_stop, prefill, register_method, write_tokens
+from ..sampling import sample_logits
 
 
 def build_ar(target_cfg, draft_cfg, spec: StaticSpec):

@@ -20,7 +20,7 @@ import jax.numpy as jnp
 from smcsd.models import KVCache, ModelConfig, forward_cached, init_cache
 from smcsd.models.transformer import layers_unstacked
 
-from .sampling import SamplingParams
+from ..sampling import SamplingParams
 
 
 @dataclasses.dataclass(frozen=True)
@@ -97,7 +97,7 @@ class MethodDef:
     # (options: MethodOptions, drafter) -> MethodOptions: its own checks and its final K (sd-tree: the tree's depth)
     configure: Callable | None = None
     # (mesh, batch, target, drafter, inputs) -> (meshes, args): a method that places its own arguments (sd-overlap:
-    # two device groups); else decode places them on one device or on `mesh` (smcsd.mesh.place_args)
+    # two device groups); else decode places them on one device or on `mesh` (smcsd.runtime.mesh.place_args)
     place: Callable | None = None
 
 
@@ -129,8 +129,8 @@ def compiled_program(method: MethodDef, target_cfg: ModelConfig, drafter, spec: 
     """The compiled program for this (method, target config, drafter, spec[, mesh]), and the seconds spent
     compiling now. `drafter` is a static (hashable) `Drafter` or None.
 
-    With a `mesh` (args already placed by `smcsd.mesh.place_args`) it is compiled with sharded
-    in/out shardings and cache constraints (`smcsd.mesh.compile_sharded`)."""
+    With a `mesh` (args already placed by `smcsd.runtime.mesh.place_args`) it is compiled with sharded
+    in/out shardings and cache constraints (`smcsd.runtime.mesh.compile_sharded`)."""
     layout = jax.tree_util.tree_structure(args[:2])  # stacked or per-layer params compile differently
     key = (method.name, target_cfg, drafter, spec, layout) + ((mesh,) if mesh is not None else ())
     if key in _COMPILED:

@@ -51,8 +51,8 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from smcsd.models.sharding import DATA, MODEL, axis_size, layout, param_specs, put
 
-from .drafters import as_drafter
-from .engine import MethodDef, ProgramInputs, StaticSpec, prefill, register_method
+from ..drafters import as_drafter
+from ..runtime.engine import MethodDef, ProgramInputs, StaticSpec, prefill, register_method
 from .sd import SDState, finish_cycle, headroom, initial_state, program_result, verify_chain
 
 __all__ = ["OverlapMeshes", "split_devices", "OverlapRunner", "overlap_step_model"]
@@ -70,7 +70,7 @@ def split_devices(devices=None, half_batch: int | None = None) -> OverlapMeshes:
     """Two groups from `devices` (default `jax.devices()`): the first half for the target, the second for the
     drafter, each a ("data", "model") mesh with model = 1; one device serves both. With `half_batch`, each group's
     data axis is the largest divisor of it that fits the group (the rest of the group's devices stay idle)."""
-    from .mesh import make_mesh
+    from ..runtime.mesh import make_mesh
     devices = list(jax.devices() if devices is None else devices)
     if not devices:
         raise ValueError("sd-overlap: no devices to split")
@@ -89,7 +89,7 @@ def split_devices(devices=None, half_batch: int | None = None) -> OverlapMeshes:
 def as_meshes(mesh, half_batch: int, drafter=None) -> OverlapMeshes:
     """`decode(mesh=...)` for sd-overlap -> the two groups, checked against the half-batch (and, for drafters whose
     state cannot be sharded yet, a one-device drafter group)."""
-    from .mesh import check_mesh
+    from ..runtime.mesh import check_mesh
     if isinstance(mesh, OverlapMeshes):
         meshes = OverlapMeshes(check_mesh(mesh.target), check_mesh(mesh.drafter))
         for name, m in zip(("target", "drafter"), meshes):
@@ -104,11 +104,11 @@ def as_meshes(mesh, half_batch: int, drafter=None) -> OverlapMeshes:
         return meshes
     if mesh is not None and not isinstance(mesh, Mesh):
         raise TypeError("mesh for method 'sd-overlap' must be None (split jax.devices() in two), a jax.sharding.Mesh "
-                        "(its devices split in two) or smcsd.overlap.OverlapMeshes(target=..., drafter=...); got "
+                        "(its devices split in two) or smcsd.methods.sd_overlap.OverlapMeshes(target=..., drafter=...); got "
                         f"{type(mesh).__name__}")
     meshes = split_devices(None if mesh is None else list(mesh.devices.flat), half_batch)
     if drafter is not None and not drafter.supports_mesh and meshes.drafter.devices.size > 1:
-        from .mesh import make_mesh
+        from ..runtime.mesh import make_mesh
         meshes = meshes._replace(drafter=make_mesh(1, 1, devices=[meshes.drafter.devices.flat[0]]))
     return meshes
 
