@@ -1,8 +1,8 @@
 """The decoding methods, one file each; importing this package registers them all (`smcsd.runtime.METHODS`).
 
 - `ar`: exact autoregressive decoding, the reference every speed-up is measured against;
-- `sd`: exact speculative decoding with one chain of K drafted tokens (`sd-multi`, N chains verified together with
-  recursive rejection, lives beside it: the two share their cycle);
+- `sd`: exact speculative decoding with one chain of K drafted tokens (and the cycle pieces the chain methods share);
+- `sd_multi`: exact, N chains per request verified together with recursive rejection sampling;
 - `sd_tree`: exact speculative decoding over a token tree (D²SD's variable-prefix branches, or a product tree);
 - `smc`: SMC speculative decoding — N particles drafted in parallel, scored in one target call, importance
   resampled, no rollback (approximate, consistent as N grows);
@@ -13,6 +13,6 @@ Each file builds its program and registers a `smcsd.runtime.MethodDef` naming ev
 call to it (docs/methods.md, "How decode reaches a method").
 """
 
-from . import ar, sd, sd_tree, smc, flex, sd_overlap  # noqa: F401  (each registers its methods)
+from . import ar, sd, sd_multi, sd_tree, smc, flex, sd_overlap  # noqa: F401  (each registers its methods)
 
-__all__ = ["ar", "sd", "sd_tree", "smc", "flex", "sd_overlap"]
+__all__ = ["ar", "sd", "sd_multi", "sd_tree", "smc", "flex", "sd_overlap"]

@@ -1,7 +1,7 @@
-"""The exact speculative baselines: `sd` (one draft, rejection sampling) and `sd-multi` (N
-independent drafts, recursive rejection sampling down the draft tree).
+"""The exact speculative baseline `sd` (one draft, rejection sampling), and the cycle pieces the chain methods share
+(`sd-multi` in sd_multi.py, `sd-tree`, `flex` and `sd-overlap` reuse the state, the start and the cycle's finish).
 
-Both keep the output distribution equal to `ar`'s (the processed target p_T, top-k/top-p and
+It keeps the output distribution equal to `ar`'s (the processed target p_T, top-k/top-p and
 temperature 0 included) and run as one jitted program: prefill, then a `lax.while_loop` of cycles
 
     draft K tokens (`drafter.propose`) -> one target call on [x0, x1..xK] -> accept a prefix of
@@ -30,7 +30,7 @@ from ..drafters import as_drafter, initial_feed
 from ..runtime.engine import MethodDef, ProgramInputs, StaticSpec, first_stop_count, is_stop, prefill, register_method, \
     verify_call, write_tokens
 from ..sampling import process_logits, sample
-from ..verify import chain_accept, rrs_walk, sample_probs
+from ..verify import chain_accept, sample_probs
 
 
 # ----------------------------------------------------------------------------- shared loop pieces
@@ -184,55 +184,6 @@ def build_sd(target_cfg, drafter, spec: StaticSpec):
     return program
 
 
-# ----------------------------------------------------------------------------- sd-multi
-
-def build_sd_multi(target_cfg, drafter, spec: StaticSpec):
-    """Multi-draft speculative decoding: N independent drafts per request (rows b*N .. b*N+N-1), all
-    B·N·(K+1) tokens verified in one target call, accepted by `verify.rrs_walk`; the winner's caches are
-    then gathered to all N rows of its request and rolled back by lengths like `sd`."""
-    B, K, N = spec.batch, spec.num_speculative_tokens, spec.num_particles
-    drafter = as_drafter(drafter)
-
-    def program(target_params, draft_params, inp: ProgramInputs):
-        state = start(target_cfg, drafter, target_params, draft_params, inp, spec, rows=N)
-
-        def body(s: SDState) -> SDState:
-            key, k_draft, k_accept, k_corr = jax.random.split(s.key, 4)
-            live = ~s.done
-            tlen_before, dlen_before = s.target_cache.lengths[::N], drafter.lengths(s.draft_state)[::N]
-            prop = drafter.propose(draft_params, s.draft_state, jnp.repeat(s.feed, N, axis=0),
-                                   jnp.repeat(s.feed_count, N), k_draft, inp.draft_sampling, K)
-            block = jnp.concatenate([jnp.repeat(s.tok, N)[:, None], prop.tokens], axis=1)  # [R, K+1]
-            logits, tcache, hidden = verify_call(target_cfg, target_params, block, s.target_cache,
-                                                 jnp.repeat(jnp.where(live, K + 1, 0), N), drafter.hidden_layers)
-            V = logits.shape[-1]
-            p = jnp.exp(process_logits(logits, inp.sampling)).reshape(B, N, K + 1, V)
-            q = jnp.exp(prop.logq).reshape(B, N, K, V)
-            X = prop.tokens.reshape(B, N, K)
-            u = jax.random.uniform(k_accept, (B, K, N))
-            n_acc, path, r_final, winner = rrs_walk(X, p, q, u)
-            c = sample_probs(k_corr, r_final)
-
-            s = s._replace(key=key)
-            # num_drafts counts one draft *tree* per live request per cycle (not N), so
-            # mean_acceptance_length = 1 + accepted / num_drafts compares directly with `sd`.
-            s, tlen, dlen = finish_cycle(s, inp, K, n_acc, path, c, tlen_before, dlen_before)
-            # Every row of a request <- its winner. The rows share all slots before this cycle's
-            # writes, so only the K+1 slots written this cycle are copied, not whole cache rows.
-            rows = jnp.repeat(jnp.arange(B) * N + winner, N)
-            tcache = tcache.copy_window(rows, jnp.repeat(tlen_before, N), K + 1).set_lengths(jnp.repeat(tlen, N))
-            dstate = drafter.copy_window(prop.state, rows, jnp.repeat(dlen_before, N), K + 1)
-            # The drafter observes the accepted path (the winner's block) on every row of the request.
-            dstate = drafter.observe(draft_params, dstate, block[rows], None if hidden is None else hidden[rows],
-                                     jnp.repeat(tlen_before, N), jnp.repeat(jnp.where(live, n_acc + 1, 0), N))
-            return s._replace(target_cache=tcache, draft_state=drafter.set_lengths(dstate, jnp.repeat(dlen, N)))
-
-        state = jax.lax.while_loop(lambda s: ~jnp.all(s.done), body, state)
-        return program_result(state, K, drafter)
-
-    return program
-
-
 def headroom(num_speculative_tokens, num_particles, tree=None):
     """A cycle writes K+1 target tokens (and emits up to K+1) past a live row's position."""
     del num_particles, tree
@@ -240,5 +191,3 @@ def headroom(num_speculative_tokens, num_particles, tree=None):
 
 
 SD = register_method(MethodDef(name="sd", build=build_sd, needs_draft=True, headroom=headroom))
-SD_MULTI = register_method(MethodDef(name="sd-multi", build=build_sd_multi, needs_draft=True, headroom=headroom,
-                                           uses_particles=True))
