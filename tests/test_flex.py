@@ -1,4 +1,4 @@
-"""FlexDraft (models/flex.py, smcsd/methods/flex.py): the verified positions' logits and cache writes are the plain model's
+"""FlexDraft (smcsd/drafters/flex.py, smcsd/methods/flex.py): the verified positions' logits and cache writes are the plain model's
 whatever the masks hold, `flex` reproduces the enumerated p_T and `ar`'s greedy tokens, calibration uses the bonus,
 the adapters save and load, and misuse is refused clearly."""
 
@@ -11,7 +11,7 @@ import pytest
 
 import smcsd
 from smcsd.models import forward_cached, init_cache, init_model
-from smcsd.models.flex import FlexConfig, draft_logits, forward_flex, init_flex_params
+from smcsd.drafters.flex import FlexConfig, draft_logits, forward_flex, init_flex_params
 from smcsd.models.transformer import unstack_layers
 from smcsd.drafters import FlexDrafter
 from toys import chi_square_pvalue, exact_distribution, sample_counts, tiny_config, tiny_pair, total_variation

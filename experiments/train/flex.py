@@ -1,4 +1,4 @@
-"""Train FlexDraft adapters (models/flex.py) for a pair's target (`smcsd.train.train_flex`) and, with --export, ship
+"""Train FlexDraft adapters (smcsd/drafters/flex.py) for a pair's target (`smcsd.train.train_flex`) and, with --export, ship
 them as the pair's `flex` drafter, so `smcsd.decode(..., method="flex")` needs no draft.
 
     python -m experiments.train.flex --pair tiny-code --export

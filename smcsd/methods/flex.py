@@ -1,7 +1,7 @@
 """Method `flex` (FlexDraft, arXiv 2605.20022): draft and verify in one target forward, no second model.
 
 Parallel mode, per cycle and request (K = num_speculative_tokens <= the adapters' group size S):
-1. one target forward (`models.flex.forward_flex`) over the clean block [x_0, d_1..d_K] — the pending token and the
+1. one target forward (`smcsd.drafters.flex.forward_flex`) over the clean block [x_0, d_1..d_K] — the pending token and the
    drafts of the previous cycle — plus K + 1 mask groups, group k after candidate k (it assumes exactly k drafts
    will be accepted). The clean part is the plain model's forward (bit for bit: masks never reach it);
 2. `sd`'s rejection sampling of d_1..d_K against the target's distributions with the q each draft was drawn from:
@@ -37,7 +37,7 @@ import jax
 import jax.numpy as jnp
 
 from smcsd.models import forward_cached, init_cache
-from smcsd.models.flex import draft_logits, forward_flex
+from smcsd.drafters.flex import draft_logits, forward_flex
 from smcsd.models.transformer import layers_unstacked
 
 from ..runtime.engine import MethodDef, StaticSpec, register_method

@@ -3,7 +3,7 @@ target is frozen (its params travel as data).
 
 Per sequence, `num_anchors` anchors a (from (seed, step), as the block drafters'): one mask group after clean
 token a, exactly the group `flex` would read if the drafts up to a were accepted. The clean sequence runs through
-`models.flex.forward_flex` teacher-forced (the plain target forward; it writes the K/V the masks read), and mask j
+`smcsd.drafters.flex.forward_flex` teacher-forced (the plain target forward; it writes the K/V the masks read), and mask j
 (1..S) predicts x_{a+1+j}, the j-th token after the bonus x_{a+1}; its logits are the shared LM head's plus the
 calibration MLP on [embed(x_{a+1}); h] (the gold bonus: teacher forcing). Loss per mask: kl_weight * KL(p_T || q_j)
 (the target's top-k at that position) + ce_weight * CE(gold), weighted 0.8^(j-1) (later masks are reached less
@@ -22,7 +22,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from smcsd.models import init_cache
-from smcsd.models.flex import FlexConfig, draft_logits, forward_flex
+from smcsd.drafters.flex import FlexConfig, draft_logits, forward_flex
 
 from ..drafters.flex import FlexDrafter
 from .dflash import sample_anchors
