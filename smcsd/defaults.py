@@ -66,29 +66,13 @@ def default_drafter(pair: str) -> str | None:
     return (stored.get("default_drafter") or {}).get(backend())
 
 
-def names_of(target, draft) -> tuple[str | None, str | None]:
-    """(pair, drafter name) when the target and drafter came from `smcsd.load` ("tiny-code/target",
-    "tiny-code/ar-distilled", "smollm2-135m", a `PromptLookup`), else Nones."""
-    tname = getattr(target, "name", None) or ""
-    pair = tname.split("/")[0] or None
-    if draft is None:
-        return pair, None
-    kind = getattr(draft, "kind", None)
-    if kind == "prompt-lookup":
-        return pair, "prompt-lookup"
-    name = getattr(getattr(draft, "model", None), "name", None) if kind == "ar" else getattr(draft, "name", None)
-    if not name or "/" not in name or name.split("/")[0] != pair:
-        return pair, None
-    drafter = name.split("/", 1)[1]
-    return pair, ("ar" if drafter == "draft" else drafter)
-
-
 def choose(target, draft, method: str | None) -> Choice:
     """The method and (N, K) `decode` runs when `method` (None: choose it too) and N, K are not given."""
     if draft is None:  # a method that needs a drafter is refused by decode, naming the argument
         n, k = METHOD_DEFAULTS.get(method, (1, 1))
         return Choice(method or "ar", n, k, "no drafter")
-    pair, drafter = names_of(target, draft)
+    from .pairs import identify
+    pair, drafter = identify(target, draft)
     stored = load_defaults(pair) if pair and drafter else None
     entry = None
     if stored is not None:
@@ -102,8 +86,8 @@ def choose(target, draft, method: str | None) -> Choice:
         if per_method is not None:
             return Choice(method, per_method.get("num_particles", 1), per_method.get("num_speculative_tokens", 1),
                           f"{defaults_path(pair)} ({backend()}, {drafter}, {method})")
-    if method is None:  # a tree drafter is meant for sd-tree
-        method = "sd-tree" if getattr(draft, "kind", None) == "d2sd" else GENERIC_METHOD
+    if method is None:  # a drafter may name its own (a tree drafter: sd-tree)
+        method = getattr(draft, "preferred_method", None) or GENERIC_METHOD
     n, k = METHOD_DEFAULTS.get(method, (1, 1))
     return Choice(method, n, k, "generic")
 
@@ -118,14 +102,12 @@ TREE_DEFAULTS = {"cpu": {"branching": (2,), "branches": 1}, "accelerator": {"bra
 
 
 def default_tree(draft, depth: int | None = None):
-    """The `TreeSpec` `sd-tree` runs when `tree=` is left out: a D²SD drafter's chain plus re-anchored branches,
-    else a product tree with the backend's branching at the first depths and single children below."""
-    from .drafters.tree import TreeSpec
+    """The `TreeSpec` `sd-tree` runs when `tree=` is left out: the drafter's `default_tree` for the backend's
+    defaults (a D²SD drafter: its chain plus re-anchored branches; others: a product tree with the backend's
+    branching at the first depths and single children below)."""
+    from .drafters import as_drafter
+    draft = as_drafter(draft)
     if depth is None:  # 4, or less where the drafter drafts fewer tokens per proposal
         depth = min(4, getattr(draft, "max_tokens_per_proposal", None) or 4)
-    depth = int(depth)
     d = TREE_DEFAULTS[backend()]
-    if getattr(draft, "kind", None) == "d2sd":
-        return TreeSpec((1,) * depth, "sample", min(d["branches"], depth))
-    head = d["branching"][:depth]
-    return TreeSpec(tuple(head) + (1,) * (depth - len(head)), "sample")
+    return draft.default_tree(int(depth), tuple(d["branching"]), d["branches"])

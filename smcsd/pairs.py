@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+from typing import Callable
 
 from smcsd.models.registry import FETCHABLE, available_models, load_pair as _load_target_pair, load_target
 from smcsd.models.shipped import SHIPPED_DIR, load_model_dir
@@ -23,17 +24,17 @@ from smcsd.models.shipped import SHIPPED_DIR, load_model_dir
 from .drafters import (DFlashDrafter, D2SDDrafter, EagleDrafter, FlexDrafter, DeLSDrafter, LocalHead, PARD2Drafter,
                        PromptLookup, SpecBlockDrafter)
 
-# Model drafters, best first: `load(pair)` returns the first one the pair has.
-MODEL_DRAFTERS = ("ar-distilled", "ar")
-SMC_PROPOSALS = ("smc-proposal",)  # AR drafters fine-tuned for SMC (χ² / Rényi); decode(method="smc") picks them
-BLOCK_DRAFTERS = ("dflash-dpace", "dflash", "specblock")  # DFlashDrafter checkpoints (SpecBlock: its subclass)
-BLOCK_KINDS = {"specblock": SpecBlockDrafter}
-TREE_DRAFTERS = ("d2sd",)  # a variable-prefix block drafter + d2sd.json naming its main drafter
-MASK_DRAFTERS = ("pard2",)  # PARD-2: a small LM + mask embedding (+ feature projection), pard2.json
-FLEX_DRAFTERS = ("flex",)  # FlexDraft: mask adapters the target drafts with (method "flex")
-EAGLE_DRAFTERS = ("eagle",)  # EAGLE-3 heads in the EAGLE / SpecForge checkpoint layout (smcsd/drafters/eagle.py)
-FUSED_DRAFTERS = ("dels",)  # DeLS-Spec: a local head + dels.json naming the block drafter and the fusion weights
-PARAM_FREE = {"prompt-lookup": PromptLookup}
+
+@dataclasses.dataclass(frozen=True)
+class DrafterEntry:
+    """One drafter name a pair may ship: what it is for (`role`) and how it loads. `load(pair, name, target)` returns
+    the drafter bound to `target`; a parameter-free one (`shipped=False`) works with any target and has no directory."""
+
+    name: str
+    role: str  # "model" (an AR language model), "smc-proposal", "block", "eagle", "tree", "mask", "fused", "flex",
+    #            "param-free"
+    load: Callable
+    shipped: bool = True  # lives in models/shipped/<pair>/ (else parameter-free: every pair has it)
 
 
 def drafter_dir(pair: str, name: str) -> str | None:
@@ -49,20 +50,71 @@ def _check_pair(pair) -> str:
     return pair
 
 
+def _load_model(pair: str, name: str, target):
+    """An AR drafter: the shipped toy's own draft, else a `LanguageModel` checkpoint sharing the target's tokenizer."""
+    if name == "ar" and pair not in FETCHABLE:
+        return _load_target_pair(pair)[1]
+    model = load_model_dir(drafter_dir(pair, name), name=f"{pair}/{name}")
+    model = dataclasses.replace(model, tokenizer=target.tokenizer)  # one vocabulary: the target's tokenizer
+    if model.config.vocab_size != target.config.vocab_size:
+        raise ValueError(f"shipped drafter {pair}/{name} has vocab_size {model.config.vocab_size}, the target "
+                         f"{target.config.vocab_size}: the checkpoint does not belong to this pair")
+    if pair in FETCHABLE and model.config.dtype != target.config.dtype:
+        model = model.astype(target.config.dtype)
+    return model
+
+
+def _loader(cls, **kw):
+    """A checkpoint-directory drafter class's loader: `cls.load(dir, dtype=, name=).bind(target)` (the bind raises
+    if the checkpoint does not fit the target)."""
+    def load(pair, name, target):
+        extra = {"tokenizer": target.tokenizer} if kw.get("tokenizer") else {}
+        dtype = {} if kw.get("own_dtype") else {"dtype": target.config.dtype}
+        return cls.load(drafter_dir(pair, name), name=f"{pair}/{name}", **dtype, **extra).bind(target)
+    return load
+
+
+# The registry, best first within a role: `load(pair)` without a drafter falls back to the first "model" drafter
+# the pair has, and `available_drafters` lists the shipped ones in this order, then the parameter-free ones.
+DRAFTERS: tuple[DrafterEntry, ...] = (
+    DrafterEntry("ar-distilled", "model", _load_model),
+    DrafterEntry("ar", "model", _load_model),
+    DrafterEntry("smc-proposal", "smc-proposal", _load_model),  # AR drafters fine-tuned for SMC (χ² / Rényi)
+    DrafterEntry("dflash-dpace", "block", _loader(DFlashDrafter)),
+    DrafterEntry("dflash", "block", _loader(DFlashDrafter)),
+    DrafterEntry("specblock", "block", _loader(SpecBlockDrafter)),
+    DrafterEntry("eagle", "eagle", _loader(EagleDrafter)),  # EAGLE-3 heads, EAGLE / SpecForge checkpoint layout
+    DrafterEntry("d2sd", "tree", lambda pair, name, target: _load_d2sd(pair, name, target)),
+    DrafterEntry("pard2", "mask", _loader(PARD2Drafter, tokenizer=True)),
+    DrafterEntry("dels", "fused", lambda pair, name, target: _load_fused(pair, name, target)),
+    DrafterEntry("flex", "flex", _loader(FlexDrafter, own_dtype=True)),  # mask adapters the target drafts with
+    DrafterEntry("prompt-lookup", "param-free", lambda pair, name, target: PromptLookup(), shipped=False),
+)
+ENTRIES: dict[str, DrafterEntry] = {e.name: e for e in DRAFTERS}
+
+
+def names_of_role(*roles: str) -> tuple[str, ...]:
+    """The registry's drafter names of these roles, best first (e.g. `names_of_role("model")`)."""
+    return tuple(e.name for e in DRAFTERS if e.role in roles)
+
+
+MODEL_DRAFTERS = names_of_role("model")  # what load(pair) falls back to, best first
+PARAM_FREE = {e.name: (lambda e=e: e.load(None, e.name, None)) for e in DRAFTERS if not e.shipped}
+
+
 def available_drafters(pair: str = "tiny-code") -> list[str]:
     """Drafter names `load(pair, drafter=...)` accepts, the pair's best model drafter first."""
     _check_pair(pair)
-    return [n for n in MODEL_DRAFTERS + SMC_PROPOSALS + BLOCK_DRAFTERS + EAGLE_DRAFTERS + TREE_DRAFTERS + MASK_DRAFTERS + FUSED_DRAFTERS +
-                    FLEX_DRAFTERS if drafter_dir(pair, n)] \
-        + sorted(PARAM_FREE)
+    return [e.name for e in DRAFTERS if e.shipped and drafter_dir(pair, e.name)] \
+        + sorted(e.name for e in DRAFTERS if not e.shipped)
 
 
 def load(pair: str = "tiny-code", drafter: str | None = None, dtype: str | None = None):
     """`(target, drafter)` of a pair. `drafter=None` gives the pair's default drafter: the one its
     `decode_defaults.json` measured fastest on this backend (`smcsd.defaults.default_drafter`), else its best model
     drafter (None when it has none, so `decode` runs `ar`); a name from `available_drafters(pair)` gives that one. Model drafters come back as
-    their `LanguageModel` (what `decode(draft=...)` wraps in `ARDrafter`), block drafters as a `DFlashDrafter` bound
-    to the target, parameter-free ones as a `Drafter`.
+    their `LanguageModel` (what `decode(draft=...)` wraps in `ARDrafter`), the others as their `Drafter` bound to the
+    target (`DRAFTERS` says how each name loads).
     `dtype` applies to fetched targets (and their drafters); shipped toys load in their stored dtype."""
     _check_pair(pair)
     target = load_target(pair, dtype) if pair in FETCHABLE else _load_target_pair(pair, dtype)[0]
@@ -76,35 +128,7 @@ def load(pair: str = "tiny-code", drafter: str | None = None, dtype: str | None 
             return target, None
     if drafter not in names:
         raise ValueError(f"pair {pair!r} has no drafter {drafter!r}; available: {', '.join(names)}")
-    if drafter in PARAM_FREE:
-        return target, PARAM_FREE[drafter]()
-    if drafter in BLOCK_DRAFTERS:
-        cls = BLOCK_KINDS.get(drafter, DFlashDrafter)
-        block = cls.load(drafter_dir(pair, drafter), dtype=target.config.dtype, name=f"{pair}/{drafter}")
-        return target, block.bind(target)  # raises if the checkpoint does not fit this target
-    if drafter in EAGLE_DRAFTERS:
-        eagle = EagleDrafter.load(drafter_dir(pair, drafter), dtype=target.config.dtype, name=f"{pair}/{drafter}")
-        return target, eagle.bind(target)  # raises if the checkpoint does not fit this target
-    if drafter in TREE_DRAFTERS:
-        return target, _load_d2sd(pair, drafter, target)
-    if drafter in FLEX_DRAFTERS:
-        return target, FlexDrafter.load(drafter_dir(pair, drafter), name=f"{pair}/{drafter}").bind(target)
-    if drafter in FUSED_DRAFTERS:
-        return target, _load_fused(pair, drafter, target)
-    if drafter in MASK_DRAFTERS:
-        mask = PARD2Drafter.load(drafter_dir(pair, drafter), dtype=target.config.dtype, name=f"{pair}/{drafter}",
-                                tokenizer=target.tokenizer)
-        return target, mask.bind(target)
-    if drafter == "ar" and pair not in FETCHABLE:
-        return target, _load_target_pair(pair)[1]
-    model = load_model_dir(drafter_dir(pair, drafter), name=f"{pair}/{drafter}")
-    model = dataclasses.replace(model, tokenizer=target.tokenizer)  # one vocabulary: the target's tokenizer
-    if model.config.vocab_size != target.config.vocab_size:
-        raise ValueError(f"shipped drafter {pair}/{drafter} has vocab_size {model.config.vocab_size}, the target "
-                         f"{target.config.vocab_size}: the checkpoint does not belong to this pair")
-    if pair in FETCHABLE and model.config.dtype != target.config.dtype:
-        model = model.astype(target.config.dtype)
-    return target, model
+    return target, ENTRIES[drafter].load(pair, drafter, target)
 
 
 def _named_block(pair: str, name: str, meta_file: str, key: str):
@@ -139,17 +163,31 @@ def _load_d2sd(pair: str, name: str, target) -> D2SDDrafter:
     return D2SDDrafter(main, vp, name=f"{pair}/{name}").bind(target)
 
 
-def target_pair(target) -> str:
-    """The name of the pair a target belongs to ("tiny-code", the default pair, for None); a user's own model gives
-    a name that is no pair."""
-    return "tiny-code" if target is None else str(getattr(target, "name", "")).split("/")[0]
+def identify(target, draft=None) -> tuple[str | None, str | None]:
+    """(pair, drafter name) of a target and drafter as `load` made them, else Nones: the one place that reads the
+    names `load` gives ("tiny-code/target", "smollm2-135m", "<pair>/<drafter>"; a toy's own draft is "<pair>/draft",
+    the `ar` drafter). A user's own model (any other name) is no pair's; a drafter is the pair's only when its name
+    says so. `draft` may be an `ARDrafter` (its model's name counts) or a parameter-free drafter (its kind)."""
+    pair = str(getattr(target, "name", None) or "").split("/")[0] or None
+    if pair is not None and pair not in available_models():
+        pair = None
+    if draft is None or pair is None:
+        return pair, None
+    kind = getattr(draft, "kind", None)
+    if kind in PARAM_FREE:
+        return pair, kind
+    name = getattr(getattr(draft, "model", None), "name", None) if kind == "ar" else getattr(draft, "name", None)
+    if not name or "/" not in name or name.split("/")[0] != pair:
+        return pair, None
+    drafter = name.split("/", 1)[1]
+    return pair, ("ar" if drafter == "draft" else drafter)
 
 
 def pair_drafter(target, name: str):
     """(target, its pair's drafter `name`) or None when the target's pair has no such drafter (a method's
     `pair_draft` when decode is called without draft=; a target of None loads the default pair's)."""
-    pair = target_pair(target)
-    if pair not in available_models() or name not in available_drafters(pair):
+    pair = "tiny-code" if target is None else identify(target)[0]
+    if pair is None or name not in available_drafters(pair):
         return None
     dtype = target.config.dtype if target is not None and pair in FETCHABLE else None  # shipped toys: their own
     t, drafter = load(pair, drafter=name, dtype=dtype)

@@ -173,10 +173,10 @@ def main(argv=None):
 
     import smcsd
     from smcsd.defaults import SCHEMA, defaults_path
-    from smcsd.pairs import BLOCK_DRAFTERS, EAGLE_DRAFTERS, MODEL_DRAFTERS
+    from smcsd.pairs import names_of_role
 
     pair = args.pair
-    names = args.drafters or [n for n in smcsd.available_drafters(pair) if n in MODEL_DRAFTERS + BLOCK_DRAFTERS + EAGLE_DRAFTERS]
+    names = args.drafters or [n for n in smcsd.available_drafters(pair) if n in names_of_role("model", "block", "eagle")]
     target = smcsd.load(pair)[0]
     prompts, stops, _ = pair_prompts(pair, target, args.prompts)
     qn = args.quality_prompts or (200 if pair == "tiny-arith" else 8)

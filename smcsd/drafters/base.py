@@ -124,7 +124,9 @@ class Drafter:
     consistent), `max_tokens_per_proposal`
     (the largest K it drafts; None: any), `supports_mesh`, `shares_prefix` (`init` takes `suffix_len`),
     `tree_shapes` (the `TreeSpec.shape`s its `propose_tree` builds), `learns_online` (`feedback` changes its state),
-    `only_method` (the one decoding method it drafts for; None: any that takes a drafter).
+    `only_method` (the one decoding method it drafts for; None: any that takes a drafter), `preferred_method` (what
+    `decode` runs with it when no method is named and no measured choice is stored; None: the generic default), and
+    `default_tree` (the tree `sd-tree` runs with it when `tree=` is left out).
     A kind overrides them (as attributes or properties) in its own file; the methods only ask.
     """
 
@@ -135,6 +137,15 @@ class Drafter:
     supports_mesh: bool = True  # decode(mesh=...) can shard its params and state
     shares_prefix: bool = False  # init(..., suffix_len=S) keeps the prompt once per request (smc's particles)
     only_method: str | None = None  # the one method it drafts for (None: any method that takes a drafter)
+    preferred_method: str | None = None  # decode's method for it when none is named or stored (None: generic)
+
+    def default_tree(self, depth: int, branching: tuple[int, ...], branches: int):
+        """The `TreeSpec` `sd-tree` runs with this drafter when `tree=` is left out, from the backend's defaults
+        (`smcsd.defaults.TREE_DEFAULTS`): a product tree with `branching` children at the first depths and single
+        children below (`branches` is for kinds that re-anchor branches on a chain)."""
+        from .tree import TreeSpec
+        head = tuple(branching[:depth])
+        return TreeSpec(head + (1,) * (depth - len(head)), "sample")
 
     # ------------------------------------------------------------------ host side
     def drafter_params(self):

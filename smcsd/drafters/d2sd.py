@@ -44,6 +44,12 @@ class D2SDDrafter(Drafter):
     shares_prefix = True
     supports_mesh = False
     tree_shapes = ("product", "branches")  # chains, with or without branches (its own `check_tree`)
+    preferred_method = "sd-tree"  # a tree drafter: its branches pay only in sd-tree
+
+    def default_tree(self, depth: int, branching: tuple[int, ...], branches: int):
+        """Its chain plus up to `branches` re-anchored branches (D²SD's own tree)."""
+        from .tree import TreeSpec
+        return TreeSpec((1,) * depth, "sample", min(branches, depth))
 
     def __init__(self, main: DFlashDrafter, vp: DFlashDrafter, name: str = "d2sd"):
         if not isinstance(main, DFlashDrafter) or not isinstance(vp, DFlashDrafter):
