@@ -64,7 +64,9 @@ def main(argv=None):
     ap.add_argument("--smc", nargs="*", default=["1:3", "2:3", "2:4", "4:3"], help="N:K cells for smc")
     ap.add_argument("--temperature", type=float, default=0.7)
     ap.add_argument("--max-new-tokens", type=int, default=128)
-    ap.add_argument("--prompts", type=int, default=len(PROMPTS), help="how many of the prompts to use")
+    ap.add_argument("--prompts", type=int, default=None,
+                    help="how many of the prompts to use (default: all: the built-in six, or every held-out request "
+                         "of --corpus-heldout)")
     ap.add_argument("--corpus-heldout", default=None, metavar="DIR",
                     help="SmolLM2: take the prompts from this self-distillation corpus's held-out chat requests "
                          "(requests no training split contains; see smcsd.train.corpus) instead of the built-in six")
@@ -98,13 +100,13 @@ def main(argv=None):
         if args.corpus_heldout:
             from smcsd.train.corpus import SelfDistilledCorpus
             requests = SelfDistilledCorpus(args.corpus_heldout, target.tokenizer).heldout_requests(("chat",))
-            if args.prompts == len(PROMPTS):
-                args.prompts = len(requests)
         prompts = [target.tokenizer.apply_chat_template(m, add_generation_prompt=True, tokenize=True)
                    for m in requests]
     else:
         prompts, stops, _ = pair_prompts(pair, target, len(PROMPTS))
-    prompts = prompts[:args.prompts]
+    if args.prompts is not None and args.prompts < 1:
+        raise SystemExit(f"--prompts must be >= 1, got {args.prompts}")
+    prompts = prompts[:args.prompts]  # None: all of them
     cells = [("ar", None, 0, 0)]
     if not args.no_default:
         cells.append(("default", default_name, 0, 0))
