@@ -64,6 +64,17 @@ def _load_model(pair: str, name: str, target):
     return model
 
 
+def _load_proposal(pair: str, name: str, target):
+    """A pair's SMC proposal: an AR `LanguageModel` fine-tuned for smc, or an EAGLE-3 head (its config.json names the
+    EAGLE architecture) trained with a Rényi objective (`experiments/train/eagle.py --renyi-weight`)."""
+    import json
+    with open(os.path.join(drafter_dir(pair, name), "config.json")) as f:
+        arch = json.load(f).get("architectures") or []
+    if any("Eagle" in a for a in arch):
+        return _loader(EagleDrafter)(pair, name, target)
+    return _load_model(pair, name, target)
+
+
 def _loader(cls, **kw):
     """A checkpoint-directory drafter class's loader: `cls.load(dir, dtype=, name=).bind(target)` (the bind raises
     if the checkpoint does not fit the target)."""
@@ -79,7 +90,7 @@ def _loader(cls, **kw):
 DRAFTERS: tuple[DrafterEntry, ...] = (
     DrafterEntry("ar-distilled", "model", _load_model),
     DrafterEntry("ar", "model", _load_model),
-    DrafterEntry("smc-proposal", "smc-proposal", _load_model),  # AR drafters fine-tuned for SMC (χ² / Rényi)
+    DrafterEntry("smc-proposal", "smc-proposal", _load_proposal),  # drafters fine-tuned for SMC (χ² / Rényi)
     DrafterEntry("dflash-dpace", "block", _loader(DFlashDrafter)),
     DrafterEntry("dflash", "block", _loader(DFlashDrafter)),
     DrafterEntry("specblock", "block", _loader(SpecBlockDrafter)),

@@ -607,3 +607,81 @@ def test_training_learns_the_target(tmp_path):
     r = smcsd.decode(["the cat "], target=target, draft=e, method="sd", max_new_tokens=16, num_speculative_tokens=3,
                      temperature=0.0)
     assert r.stats.num_target_calls >= 1
+
+
+def test_renyi_term_matches_the_closed_form_and_bounds_kl():
+    """`_renyi_terms` over a draft vocabulary equals `losses.token_renyi_topk` when every kept id is in it (q over
+    V′ = V), and a direct numpy D_α on the renormalised kept part when some top-k ids fall outside V′; D_2 ≥ KL
+    (Rényi divergence is non-decreasing in α, KL = D_1), and D_α of q against itself is 0. Closed forms, no sampling."""
+    from smcsd.train.eagle import _renyi_terms, _step_terms
+    from smcsd.train.losses import token_renyi_topk
+    rng = np.random.default_rng(0)
+    V, k = 7, 4
+    logits = jnp.asarray(rng.normal(size=(3, V)), jnp.float32)
+    ids = jnp.asarray(np.stack([rng.choice(V, k, replace=False) for _ in range(3)]), jnp.int32)
+    lp = jnp.asarray(np.log(rng.dirichlet(np.ones(k), size=3)), jnp.float32)
+    full = jnp.arange(V, dtype=jnp.int32)
+    for alpha in (1.5, 2.0, 3.0):
+        got, has = _renyi_terms(logits, ids, lp, full, alpha)
+        np.testing.assert_allclose(got, token_renyi_topk(ids, lp, logits, alpha), rtol=1e-5, atol=1e-6)
+        assert bool(jnp.all(has))
+    kl = _step_terms(logits, ids, lp, ids[:, 0], full)[0]
+    assert bool(jnp.all(_renyi_terms(logits, ids, lp, full, 2.0)[0] >= kl - 1e-6))
+    # a draft vocabulary of 5 of the 7 ids: kept ids renormalised, q over the 5
+    t2d = np.full(V, -1, np.int32)
+    t2d[[0, 2, 3, 5, 6]] = np.arange(5)
+    dl = jnp.asarray(rng.normal(size=(3, 5)), jnp.float32)
+    got, _ = _renyi_terms(dl, ids, lp, jnp.asarray(t2d), 2.0)
+    for r in range(3):
+        d = t2d[np.asarray(ids[r])]
+        keep = d >= 0
+        p = np.exp(np.asarray(lp[r]))[keep]
+        p = p / p.sum()
+        q = np.exp(np.asarray(jax.nn.log_softmax(dl[r])))[d[keep]]
+        np.testing.assert_allclose(got[r], np.log(np.sum(p ** 2 / q)), rtol=1e-5)
+    # against itself (every kept id, teacher = the drafter's own softmax): 0
+    own = jax.nn.log_softmax(dl, -1)
+    all_ids = jnp.broadcast_to(jnp.asarray([0, 2, 3, 5, 6], jnp.int32), (3, 5))
+    np.testing.assert_allclose(_renyi_terms(dl, all_ids, own, jnp.asarray(t2d), 2.0)[0], 0.0, atol=1e-5)
+
+
+def test_eagle_loss_renyi_option_checks_its_arguments():
+    from smcsd.train.eagle import eagle_loss
+    cfg = eagle(deep_target(), DraftVocab.from_ids(VOCAB, 6)).eagle_config
+    with pytest.raises(ValueError, match="alpha must be > 1"):
+        eagle_loss(cfg, 2, 0.8, 0.1, 1.0, False, 1.0, 1.0)
+    with pytest.raises(ValueError, match="renyi_weight is negative"):
+        eagle_loss(cfg, 2, 0.8, 0.1, 1.0, False, -1.0, 2.0)
+    with pytest.raises(ValueError, match="kl_weight is NaN"):
+        eagle_loss(cfg, 2, 0.8, 0.1, float("nan"), False, 0.0, 2.0)
+    # in the training loss: 0 against the drafter's own step-1 distribution, and 0.5·KL + D_2 ≥ 1.5·KL (> KL alone)
+    # against a corrupted teacher, so the term is in the loss
+    target = deep_target()
+    v = DraftVocab.from_ids(VOCAB, 6)
+    d = eagle(target, v)
+    tokens = jnp.asarray(np.random.default_rng(2).integers(0, 6, (2, 10)), jnp.int32)
+    hid = hidden_of(target, d, tokens)
+    logq = jax.nn.log_softmax(_unroll(d.eagle_config, d.params, d.shared["embed"], tokens, hid, 1), -1)
+    lp = jnp.full((2, 10, 4), -1.0).at[:, 1:].set(logq[0, :, :9])
+    batch = {"tokens": tokens, "hidden": hid, "topk_ids": jnp.broadcast_to(jnp.asarray(v.draft_to_target), (2, 10, 4)),
+             "topk_logp": lp, "embed": d.shared["embed"], "t2d": jnp.asarray(v.target_to_draft)}
+    mixed = jax.jit(eagle_loss(d.eagle_config, 1, 1.0, 0.0, 0.5, False, 1.0, 2.0))
+    kl_only = jax.jit(eagle_loss(d.eagle_config, 1, 1.0, 0.0, 1.0))
+    assert float(mixed(d.params, batch)[0]) < 1e-5
+    bad = {**batch, "topk_logp": lp[..., ::-1]}
+    lm, lk = float(mixed(d.params, bad)[0]), float(kl_only(d.params, bad)[0])
+    assert lk > 1e-3 and lm >= 1.5 * lk - 1e-5, (lm, lk)
+
+
+def test_a_pairs_smc_proposal_may_be_an_eagle_head(tmp_path, monkeypatch):
+    """`smcsd.pairs`' "smc-proposal" entry loads an EAGLE-3 checkpoint as an `EagleDrafter` bound to the target (and
+    an AR checkpoint as a `LanguageModel`, as before): a Rényi-trained EAGLE head can ship as a pair's proposal."""
+    import smcsd.pairs as pairs
+    target = deep_target()
+    d = eagle(target, DraftVocab.from_ids(VOCAB, 6))
+    d.save(str(tmp_path / "smc-proposal"))
+    monkeypatch.setattr(pairs, "drafter_dir", lambda pair, name: str(tmp_path / name))
+    got = pairs.ENTRIES["smc-proposal"].load("toy", "smc-proposal", target)
+    assert isinstance(got, EagleDrafter) and got.name == "toy/smc-proposal"
+    np.testing.assert_allclose(np.asarray(jax.tree_util.tree_leaves(got.params)[0]),
+                               np.asarray(jax.tree_util.tree_leaves(d.params)[0]))

@@ -76,6 +76,10 @@ def main(argv=None):
     ap.add_argument("--warm-start", default=None, help="start from this EAGLE checkpoint directory's weights")
     ap.add_argument("--smc-floor", type=float, default=0.02, help="ε of smc's floor mixture (stored with the drafter)")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--renyi-weight", type=float, default=0.0,
+                    help="weight of a Rényi-α term D_α(p̃ ‖ q) per unrolled step (a proposal trained for smc; with "
+                         "--kl-weight it is the Rényi + KL mix, e.g. --renyi-weight 1 --alpha 1.5 --kl-weight 0.5)")
+    ap.add_argument("--alpha", type=float, default=2.0, help="the Rényi order (> 1; 2: log(1 + χ²))")
     ap.add_argument("--data-seed", type=int, default=0,
                     help="order of the training rows (epoch e visits the permutation drawn from (data-seed, e)); "
                          "a warm-started continuation takes a new one to see rows in a new order")
@@ -113,6 +117,7 @@ def main(argv=None):
     res = train_eagle(target, drafter, corpus, steps=args.steps, ttt_steps=args.ttt_steps, step_decay=args.step_decay,
                       ttt_rows=args.ttt_rows or None, remat=args.remat, seed=args.seed,
                       lr=args.lr, ce_weight=args.ce_weight, kl_weight=args.kl_weight, topk=args.topk,
+                      renyi_weight=args.renyi_weight, alpha=args.alpha,
                       cache_dir=None if args.no_teacher_cache else train_cli.teacher_cache_dir(args),
                       **train_cli.loop_kwargs(args, tag, out, report.command(__file__, argv), ckpt_dir=args.ckpt_dir))
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2 ** 20  # KiB -> GiB (Linux)

@@ -200,6 +200,24 @@ def _step_terms(logits, ids, lp, gold, t2d):
     return kl, has, ce, dg >= 0, accept, agree
 
 
+def _renyi_terms(logits, ids, lp, t2d, alpha: float):
+    """Per position: D_α(p̃ ‖ q) over the kept part of the teacher's top-k (`smcsd.train.losses.token_renyi_topk`'s
+    form over the draft vocabulary: p̃ renormalised on the kept ids, q the drafter's full softmax over V′, so the
+    value also pushes q's mass outside them back on), and whether it is defined. α = 2 is log(1 + χ²(p̃ ‖ q)), the
+    log second moment of `smc`'s per-token importance weight."""
+    logq = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)
+    d = jnp.take(t2d, ids)
+    kept = d >= 0
+    lq_ids = jnp.take_along_axis(logq, jnp.maximum(d, 0), axis=-1)
+    lpk = jnp.where(kept, lp, -jnp.inf)
+    z = jax.nn.logsumexp(lpk, axis=-1, keepdims=True)
+    has = jnp.isfinite(z[..., 0])
+    lpt = jnp.where(kept, lp - jnp.where(jnp.isfinite(z), z, 0.0), -jnp.inf)
+    terms = jnp.where(kept, alpha * lpt + (1.0 - alpha) * lq_ids, -jnp.inf)
+    d_alpha = jax.nn.logsumexp(terms, axis=-1) / (alpha - 1.0)
+    return jnp.where(has, d_alpha, 0.0), has
+
+
 def _all_rows(batch):
     B, T = batch["tokens"].shape
     return jnp.broadcast_to(jnp.arange(1, T, dtype=jnp.int32), (B, T - 1))
@@ -207,26 +225,38 @@ def _all_rows(batch):
 
 @functools.lru_cache(maxsize=16)
 def eagle_loss(config: EagleConfig, steps: int, step_decay: float = 0.8, ce_weight: float = 0.1,
-               kl_weight: float = 1.0, remat: bool = False) -> Callable:
+               kl_weight: float = 1.0, remat: bool = False, renyi_weight: float = 0.0,
+               alpha: float = 2.0) -> Callable:
     """loss_fn(net_params, batch) -> (loss, aux) for `train`: the training-time-test loss of the module docstring.
 
     batch: `tokens [B, T]`, `hidden [B, T, 3H]`, `topk_ids` / `topk_logp [B, T, k]` (a `TeacherStream` batch), the
     target's `embed [V, H]` and `t2d int32[V]` (draft index of each target id, −1 outside; frozen: passed as data),
     and optionally `rows [B, A]` (`sample_rows`): the rows steps 2..K are unrolled and supervised on (default every
     row; step 1 always covers every row). remat: run each step's head and loss under `jax.checkpoint` (no
-    `[B, rows, V′]` logits kept per step for the backward pass, at the cost of recomputing them)."""
+    `[B, rows, V′]` logits kept per step for the backward pass, at the cost of recomputing them).
+    renyi_weight > 0 adds renyi_weight · D_α(p̃ ‖ q) per step (`_renyi_terms`; α > 1, default 2: the χ² objective of a
+    proposal trained for `smc`, issue "Proposals trained for SMC"); with kl_weight it is the Rényi + KL mix."""
     if steps < 1:
         raise ValueError(f"ttt_steps must be >= 1, got {steps}")
+    from .losses import check_alpha, check_weights
+    check_weights(ce_weight=ce_weight, kl_weight=kl_weight, renyi_weight=renyi_weight)
+    if renyi_weight:
+        alpha = check_alpha("eagle_loss", alpha)
     w = np.asarray([step_decay ** k for k in range(steps)], np.float32)
     w = w / w.sum()
 
     def per_step(net_params, a, ids, lp, gold, valid, t2d):
-        kl, has, ce, ce_ok, _, agree = _step_terms(head_logits(config, net_params, a), ids, lp, gold, t2d)
+        logits = head_logits(config, net_params, a)
+        kl, has, ce, ce_ok, _, agree = _step_terms(logits, ids, lp, gold, t2d)
         m_kl = (valid & has).astype(jnp.float32)
         m_ce = (valid & ce_ok).astype(jnp.float32)
         m = valid.astype(jnp.float32)
         n_kl, n_ce = jnp.maximum(m_kl.sum(), 1.0), jnp.maximum(m_ce.sum(), 1.0)
-        return ((kl * m_kl).sum() / n_kl, (ce * m_ce).sum() / n_ce,
+        kl_mean = (kl * m_kl).sum() / n_kl
+        if renyi_weight:  # the Rényi term rides on the KL slot's positions (the same kept top-k)
+            d_alpha, _ = _renyi_terms(logits, ids, lp, t2d, alpha)
+            kl_mean = kl_weight * kl_mean + renyi_weight * (d_alpha * m_kl).sum() / n_kl
+        return (kl_mean, (ce * m_ce).sum() / n_ce,
                 jax.lax.stop_gradient((agree * m).sum() / jnp.maximum(m.sum(), 1.0)))
 
     step_fn = jax.checkpoint(per_step) if remat else per_step
@@ -243,7 +273,8 @@ def eagle_loss(config: EagleConfig, steps: int, step_decay: float = 0.8, ce_weig
             ces.append(ce)
             agrees.append(agree)
         kl, ce = jnp.stack(kls), jnp.stack(ces)
-        loss = jnp.sum(w * (kl_weight * kl + ce_weight * ce))
+        divergence = kl if renyi_weight else kl_weight * kl  # with the Rényi term, per_step weighed both already
+        loss = jnp.sum(w * (divergence + ce_weight * ce))
         return loss, {"kl1": kl[0], f"kl{steps}": kl[-1], "ce1": ce[0], "greedy1": agrees[0]}
     return loss_fn
 
@@ -284,6 +315,7 @@ def train_eagle(target, drafter: EagleDrafter, corpus: TextCorpus | TeacherStrea
                 step_decay: float = 0.8, ttt_rows: int | None = 64, remat: bool = False, seed: int = 0,
                 lr: float = 1e-3, warmup: int | None = None, clip: float = 1.0,
                 weight_decay: float = 0.1, ce_weight: float = 0.1, kl_weight: float = 1.0, topk: int = 32,
+                renyi_weight: float = 0.0, alpha: float = 2.0,
                 cache_dir: str | None = None, ckpt_dir: str | None = None, resume: bool = False,
                 overwrite: bool = False, out: str | None = None, export_dtype: str = "float32",
                 eval_every: int = 100, ckpt_every: int = 100, eval_rows: int | None = 64, progress: bool = True,
@@ -324,7 +356,8 @@ def train_eagle(target, drafter: EagleDrafter, corpus: TextCorpus | TeacherStrea
     t2d = np.arange(V, dtype=np.int32) if drafter.vocab is None else drafter.vocab.target_to_draft
     frozen = {"embed": pl.shard_frozen({"embed": drafter.shared["embed"]}, target.config)["embed"],
               "t2d": pl.replicate(jnp.asarray(t2d))}
-    loss_fn = eagle_loss(config, ttt_steps, float(step_decay), float(ce_weight), float(kl_weight), bool(remat))
+    loss_fn = eagle_loss(config, ttt_steps, float(step_decay), float(ce_weight), float(kl_weight), bool(remat),
+                         float(renyi_weight), float(alpha))
     T, n = corpus.seq_len, corpus.batch_size
     if ttt_rows is not None and (isinstance(ttt_rows, bool) or not isinstance(ttt_rows, int) or ttt_rows < 1):
         raise ValueError(f"ttt_rows must be an int >= 1 (positions per sequence for steps 2..K) or None, got "
@@ -358,6 +391,8 @@ def train_eagle(target, drafter: EagleDrafter, corpus: TextCorpus | TeacherStrea
             "corpus": corpus.fingerprint, "batch_size": corpus.batch_size, "seq_len": corpus.seq_len,
             "data_seed": corpus.seed, "ttt_steps": ttt_steps, "ttt_rows": ttt_rows, "seed": seed,
             "step_decay": step_decay, "ce_weight": ce_weight, "kl_weight": kl_weight, "topk": stream.topk}
+    if renyi_weight:  # only then (a run without the term keeps the settings, so its checkpoints still resume)
+        meta.update(renyi_weight=float(renyi_weight), alpha=float(alpha))
     name = getattr(target, "name", "target")
     t0 = time.time()
     res = train(loss_fn, drafter.params, batches, steps=steps, lr=lr, warmup=warmup, clip=clip,
