@@ -66,12 +66,32 @@ def default_drafter(pair: str) -> str | None:
     return (stored.get("default_drafter") or {}).get(backend())
 
 
+def identify(target, draft=None) -> tuple[str | None, str | None]:
+    """(pair, drafter name) of a target and drafter as `smcsd.load` made them, else Nones: the one place that reads the
+    names `smcsd.load` gives ("tiny-code/target", "smollm2-135m", "<pair>/<drafter>"; a toy's own draft is "<pair>/draft",
+    the `ar` drafter). A user's own model (any other name) is no pair's; a drafter is the pair's only when its name
+    says so. `draft` may be an `ARDrafter` (its model's name counts) or a parameter-free drafter (its kind)."""
+    from smcsd.models.registry import available_models
+    pair = str(getattr(target, "name", None) or "").split("/")[0] or None
+    if pair is not None and pair not in available_models():
+        pair = None
+    if draft is None or pair is None:
+        return pair, None
+    kind = getattr(draft, "kind", None)
+    if getattr(draft, "param_free", False):  # no weights: every pair has it, under its kind
+        return pair, kind
+    name = getattr(getattr(draft, "model", None), "name", None) if kind == "ar" else getattr(draft, "name", None)
+    if not name or "/" not in name or name.split("/")[0] != pair:
+        return pair, None
+    drafter = name.split("/", 1)[1]
+    return pair, ("ar" if drafter == "draft" else drafter)
+
+
 def choose(target, draft, method: str | None) -> Choice:
     """The method and (N, K) `decode` runs when `method` (None: choose it too) and N, K are not given."""
     if draft is None:  # a method that needs a drafter is refused by decode, naming the argument
         n, k = METHOD_DEFAULTS.get(method, (1, 1))
         return Choice(method or "ar", n, k, "no drafter")
-    from .pairs import identify
     pair, drafter = identify(target, draft)
     stored = load_defaults(pair) if pair and drafter else None
     entry = None

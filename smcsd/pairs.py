@@ -174,29 +174,10 @@ def _load_d2sd(pair: str, name: str, target) -> D2SDDrafter:
     return D2SDDrafter(main, vp, name=f"{pair}/{name}").bind(target)
 
 
-def identify(target, draft=None) -> tuple[str | None, str | None]:
-    """(pair, drafter name) of a target and drafter as `load` made them, else Nones: the one place that reads the
-    names `load` gives ("tiny-code/target", "smollm2-135m", "<pair>/<drafter>"; a toy's own draft is "<pair>/draft",
-    the `ar` drafter). A user's own model (any other name) is no pair's; a drafter is the pair's only when its name
-    says so. `draft` may be an `ARDrafter` (its model's name counts) or a parameter-free drafter (its kind)."""
-    pair = str(getattr(target, "name", None) or "").split("/")[0] or None
-    if pair is not None and pair not in available_models():
-        pair = None
-    if draft is None or pair is None:
-        return pair, None
-    kind = getattr(draft, "kind", None)
-    if kind in PARAM_FREE:
-        return pair, kind
-    name = getattr(getattr(draft, "model", None), "name", None) if kind == "ar" else getattr(draft, "name", None)
-    if not name or "/" not in name or name.split("/")[0] != pair:
-        return pair, None
-    drafter = name.split("/", 1)[1]
-    return pair, ("ar" if drafter == "draft" else drafter)
-
-
 def pair_drafter(target, name: str):
     """(target, its pair's drafter `name`) or None when the target's pair has no such drafter (a method's
     `pair_draft` when decode is called without draft=; a target of None loads the default pair's)."""
+    from .defaults import identify
     pair = "tiny-code" if target is None else identify(target)[0]
     if pair is None or name not in available_drafters(pair):
         return None

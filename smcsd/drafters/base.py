@@ -124,9 +124,9 @@ class Drafter:
     consistent), `max_tokens_per_proposal`
     (the largest K it drafts; None: any), `supports_mesh`, `shares_prefix` (`init` takes `suffix_len`),
     `tree_shapes` (the `TreeSpec.shape`s its `propose_tree` builds), `learns_online` (`feedback` changes its state),
-    `only_method` (the one decoding method it drafts for; None: any that takes a drafter), `preferred_method` (what
-    `decode` runs with it when no method is named and no measured choice is stored; None: the generic default), and
-    `default_tree` (the tree `sd-tree` runs with it when `tree=` is left out).
+    `only_method` (the one decoding method it drafts for; None: any that takes a drafter), `param_free` (no
+    weights: every pair has it, named by its kind), `preferred_method` (what `decode` runs with it when no method
+    is named and no measured choice is stored; None: the generic default), and `default_tree` (the tree `sd-tree` runs with it when `tree=` is left out).
     A kind overrides them (as attributes or properties) in its own file; the methods only ask.
     """
 
@@ -138,6 +138,7 @@ class Drafter:
     shares_prefix: bool = False  # init(..., suffix_len=S) keeps the prompt once per request (smc's particles)
     only_method: str | None = None  # the one method it drafts for (None: any method that takes a drafter)
     preferred_method: str | None = None  # decode's method for it when none is named or stored (None: generic)
+    param_free: bool = False  # no weights: works with any target, and every pair lists it under its `kind`
 
     def default_tree(self, depth: int, branching: tuple[int, ...], branches: int):
         """The `TreeSpec` `sd-tree` runs with this drafter when `tree=` is left out, from the backend's defaults

@@ -42,6 +42,7 @@ class PromptLookup(Drafter):
     vocab: int | None = None
 
     kind = "prompt-lookup"
+    param_free = True
 
     def __post_init__(self):
         for name in ("max_ngram", "min_ngram"):
