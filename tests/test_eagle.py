@@ -654,6 +654,11 @@ def test_eagle_loss_renyi_option_checks_its_arguments():
         eagle_loss(cfg, 2, 0.8, 0.1, 1.0, False, -1.0, 2.0)
     with pytest.raises(ValueError, match="kl_weight is NaN"):
         eagle_loss(cfg, 2, 0.8, 0.1, float("nan"), False, 0.0, 2.0)
+
+
+@pytest.mark.slow  # default-run budget: two loss programs compiled
+def test_eagle_loss_carries_the_renyi_term():
+    from smcsd.train.eagle import eagle_loss
     # in the training loss: 0 against the drafter's own step-1 distribution, and 0.5·KL + D_2 ≥ 1.5·KL (> KL alone)
     # against a corrupted teacher, so the term is in the loss
     target = deep_target()
