@@ -7,7 +7,8 @@ extrapolation of each curve to the tokens it would need to reach a first-draft a
 Metrics, per recipe (all held-out, teacher-forced, first draft position):
 - `accept1` / `accept_pos1` / `accept_lb`: Σ_x min(p_T, q) at position 1 (acceptance of the first draft at T = 1);
 - `greedy1` (EAGLE): agreement of the first draft's argmax with the target's (first-draft acceptance at T = 0).
-Tokens seen = step x batch_size x seq_len.
+Tokens seen = step x batch_size x seq_len, plus a curve file's `tokens_before` (a stage warm-started from an earlier
+run's weights: the tokens those had seen).
 """
 
 from __future__ import annotations
@@ -32,11 +33,12 @@ def curves(pattern: str = "smollm2*") -> dict:
         if not ev:
             continue
         per_step = run.get("batch_size", 8) * run.get("seq_len", 256)
+        before = int(d.get("tokens_before", 0))  # a warm-started stage: the tokens its starting weights had seen
         key = next((k for k in FIRST if k in ev[-1]), None)
         if key is None:
             continue
-        pts = [(max(e["step"], 1) * per_step, e[key], e.get("greedy1")) for e in ev]
-        lens = [(max(e["step"], 1) * per_step, e["accept_len"]) for e in ev if "accept_len" in e]
+        pts = [(before + max(e["step"], 1) * per_step, e[key], e.get("greedy1")) for e in ev]
+        lens = [(before + max(e["step"], 1) * per_step, e["accept_len"]) for e in ev if "accept_len" in e]
         out[os.path.basename(path)[:-5]] = {"recipe": run.get("recipe"), "metric": key, "points": pts,
                                             "accept_len": lens}
     return out
