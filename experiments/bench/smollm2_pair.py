@@ -42,7 +42,8 @@ def render(rows: list[dict]) -> str:
     body = []
     for r in rows:
         method, k, n = r["method"], r["K"], r["N"]
-        label = {"ar": "ar", "sd": f"sd K={k}", "smc": f"smc N={n} K={k}"}.get(method, f"default ({r['ran']})")
+        label = {"ar": "ar", "sd": f"sd K={k}", "smc": f"smc N={n} K={k}", "sd-tree": f"sd-tree {k}"}.get(
+            method, f"default ({r['ran']})")
         body.append([r["batch"], r["drafter"] or "–", label, f"{r['tps']:.1f}", f"{r['speedup']:.2f}×",
                      f"{r['tokens_per_call']:.2f}", report.fmt(r["acceptance"]),
                      report.fmt(r.get("first_draft_acceptance")), report.fmt(r["resample_rate"]),
@@ -62,6 +63,8 @@ def main(argv=None):
                     help="drafter names of the pair, each run with every sd / smc cell (default: its best)")
     ap.add_argument("--sd-ks", type=int, nargs="*", default=[2, 3, 4, 6])
     ap.add_argument("--smc", nargs="*", default=["1:3", "2:3", "2:4", "4:3"], help="N:K cells for smc")
+    ap.add_argument("--trees", nargs="*", default=[], metavar="TREE",
+                    help="sd-tree cells, each a tree string (e.g. 2,1 or 2,1,1:sample; smcsd.TreeSpec.parse)")
     ap.add_argument("--temperature", type=float, default=0.7)
     ap.add_argument("--max-new-tokens", type=int, default=128)
     ap.add_argument("--prompts", type=int, default=None,
@@ -115,6 +118,7 @@ def main(argv=None):
         fits = lambda k: limit is None or k <= limit  # noqa: E731
         cells += [("sd", name, 0, k) for k in args.sd_ks if fits(k)]
         cells += [("smc", name, n, k) for n, k in map(parse_cell, args.smc) if fits(k)]
+        cells += [("sd-tree", name, 0, t) for t in args.trees]
 
     default_drafter = drafters[default_name] if default_name in drafters else smcsd.load(pair)[1]
 
@@ -126,7 +130,9 @@ def main(argv=None):
             kw.update(draft=default_drafter)
         else:
             kw.update(method=method)
-        if method not in ("ar", "default"):
+        if method == "sd-tree":  # the tree fixes K (its depth)
+            kw.update(draft=drafters[name], tree=k)
+        elif method not in ("ar", "default"):
             kw.update(draft=drafters[name], num_speculative_tokens=k)
         if method == "smc":
             kw.update(num_particles=n)
@@ -165,7 +171,7 @@ def main(argv=None):
                          speedup=tps / (ar["tokens"] / ar["wall_s"]), tokens_per_call=a["tokens"] / max(a["calls"], 1),
                          acceptance=a["accepted"] / a["drafted"] if a.get("ran") == "sd" and a["drafted"] else None,
                          first_draft_acceptance=(a["first_accepted"] / a["drafts"]
-                                                 if a.get("ran") == "sd" and a["drafts"] else None),
+                                                 if a.get("ran") in ("sd", "sd-tree") and a["drafts"] else None),
                          resample_rate=resample_rate(a, B)))
     table = render(rows)
     print(table)
