@@ -329,7 +329,7 @@ def prepare(
                             draft_temperature=draft_temperature, mesh=mesh)
     if mdef.configure is not None:  # the method's own checks, and its final K (sd-tree: its tree's depth)
         options = mdef.configure(options, draft)
-    K, tree = options.num_speculative_tokens, options.tree
+    K, tree, draft_temperature = options.num_speculative_tokens, options.tree, options.draft_temperature
 
     if draft is not None and mdef.needs_draft:
         limit = draft.max_tokens_per_proposal

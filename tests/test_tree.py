@@ -189,6 +189,24 @@ def test_sd_tree_greedy_matches_ar(tree):
     assert st.stats.num_target_calls <= ar.stats.num_target_calls
 
 
+def test_greedy_top_children_are_the_drafts_next_best_tokens():
+    """At temperature 0 a ':top' tree's children are the drafter's top tokens (ranked by its own distribution, not
+    by the one-hot a temperature-0 draft would be), so the second root child is a real token that verification can
+    accept: the tree accepts more per call than the chain of the same depth, with ar's greedy tokens. Deterministic
+    (T=0, fixed weights)."""
+    target, draft = tiny_pair(V, SEED)
+    prompts = [[0, 1], [3], [2, 5, 4], [1, 1, 2]]
+    ar = smcsd.decode(prompts, target=target, method="ar", max_new_tokens=12, temperature=0, eos_id=[])
+    chain = smcsd.decode(prompts, target=target, draft=draft, method="sd-tree", tree="1,1:top", max_new_tokens=12,
+                         temperature=0, eos_id=[])
+    wide = smcsd.decode(prompts, target=target, draft=draft, method="sd-tree", tree="3,1:top", max_new_tokens=12,
+                        temperature=0, eos_id=[])
+    np.testing.assert_array_equal(np.asarray(wide.tokens), np.asarray(ar.tokens))
+    np.testing.assert_array_equal(np.asarray(chain.tokens), np.asarray(ar.tokens))
+    first = lambda r: r.stats.accepted_per_position[0] / r.stats.num_drafts  # noqa: E731
+    assert first(wide) > first(chain), (wide.stats.accepted_per_position, chain.stats.accepted_per_position)
+
+
 @pytest.fixture(scope="module")
 def random_d2sd():
     """A randomly initialised D²SD pair (main + variable-prefix block drafters) for the toy target."""

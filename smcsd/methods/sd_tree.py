@@ -113,7 +113,15 @@ def configure(options: MethodOptions, drafter) -> MethodOptions:
         drafter.check_tree(tree)
     if options.mesh is not None:
         raise ValueError("sd-tree runs on one device for now; call decode without mesh=")
-    return dataclasses.replace(options, num_speculative_tokens=tree.depth, tree=tree)
+    draft_temperature = options.draft_temperature
+    if tree.children == "top" and draft_temperature == 0:
+        # "top" children are tried as point masses, so the walk is exact whatever ranks them; ranked by a draft
+        # processed at temperature 0 (one-hot) every child after the first would be no token at all (a chain that
+        # verifies padding), so they are ranked by the drafter's own distribution (temperature 1; its first child
+        # is still the argmax)
+        draft_temperature = 1.0
+    return dataclasses.replace(options, num_speculative_tokens=tree.depth, tree=tree,
+                               draft_temperature=draft_temperature)
 
 
 SD_TREE = register_method(MethodDef(name="sd-tree", build=build_sd_tree, needs_draft=True, headroom=_headroom,
