@@ -179,17 +179,25 @@ def _targets_at(batch, rows, k: int):
     return ids, lp, gold, valid
 
 
-def _step_terms(logits, ids, lp, gold, t2d):
-    """Per position: KL(p̃ ‖ q) over the kept part of the teacher's top-k, CE of the gold token (0 where it is not
-    kept), whether each is defined, and the greedy agreement / acceptance (top-k lower bound) with the full p_T."""
+def _kept_teacher(logits, ids, lp, t2d):
+    """What the per-position divergences share: the drafter's log-softmax over V′, each top-k id's draft index
+    (−1 outside V′), whether it is kept, the drafter's log-prob of it, the teacher's log-probs renormalised on the
+    kept ids (garbage where not kept: mask with `kept`), and whether any id is kept."""
     logq = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)  # [..., V']
     d = jnp.take(t2d, ids)  # [..., k] draft index or -1
     kept = d >= 0
     lq_ids = jnp.take_along_axis(logq, jnp.maximum(d, 0), axis=-1)
-    lpk = jnp.where(kept, lp, -jnp.inf)
-    z = jax.nn.logsumexp(lpk, axis=-1, keepdims=True)
-    has = jnp.isfinite(z[..., 0])
-    lpt = jnp.where(kept, lp - jnp.where(jnp.isfinite(z), z, 0.0), 0.0)  # p̃ (log), 0 where not kept (masked)
+    z = jax.nn.logsumexp(jnp.where(kept, lp, -jnp.inf), axis=-1, keepdims=True)
+    lp_kept = lp - jnp.where(jnp.isfinite(z), z, 0.0)
+    return logq, d, kept, lq_ids, lp_kept, jnp.isfinite(z[..., 0])
+
+
+def _step_terms(logits, ids, lp, gold, t2d, kept_teacher=None):
+    """Per position: KL(p̃ ‖ q) over the kept part of the teacher's top-k, CE of the gold token (0 where it is not
+    kept), whether each is defined, and the greedy agreement / acceptance (top-k lower bound) with the full p_T.
+    `kept_teacher`: `_kept_teacher(logits, ids, lp, t2d)` when the caller has it already."""
+    logq, d, kept, lq_ids, lp_kept, has = kept_teacher or _kept_teacher(logits, ids, lp, t2d)
+    lpt = jnp.where(kept, lp_kept, 0.0)  # p̃ (log), 0 where not kept (masked)
     pt = jnp.where(kept, jnp.exp(lpt), 0.0)
     kl = jnp.sum(jnp.where(kept, pt * (lpt - lq_ids), 0.0), axis=-1)
     dg = jnp.take(t2d, gold)
@@ -200,20 +208,13 @@ def _step_terms(logits, ids, lp, gold, t2d):
     return kl, has, ce, dg >= 0, accept, agree
 
 
-def _renyi_terms(logits, ids, lp, t2d, alpha: float):
+def _renyi_terms(logits, ids, lp, t2d, alpha: float, kept_teacher=None):
     """Per position: D_α(p̃ ‖ q) over the kept part of the teacher's top-k (`smcsd.train.losses.token_renyi_topk`'s
     form over the draft vocabulary: p̃ renormalised on the kept ids, q the drafter's full softmax over V′, so the
     value also pushes q's mass outside them back on), and whether it is defined. α = 2 is log(1 + χ²(p̃ ‖ q)), the
-    log second moment of `smc`'s per-token importance weight."""
-    logq = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)
-    d = jnp.take(t2d, ids)
-    kept = d >= 0
-    lq_ids = jnp.take_along_axis(logq, jnp.maximum(d, 0), axis=-1)
-    lpk = jnp.where(kept, lp, -jnp.inf)
-    z = jax.nn.logsumexp(lpk, axis=-1, keepdims=True)
-    has = jnp.isfinite(z[..., 0])
-    lpt = jnp.where(kept, lp - jnp.where(jnp.isfinite(z), z, 0.0), -jnp.inf)
-    terms = jnp.where(kept, alpha * lpt + (1.0 - alpha) * lq_ids, -jnp.inf)
+    log second moment of `smc`'s per-token importance weight. `kept_teacher` as for `_step_terms`."""
+    _, _, kept, lq_ids, lp_kept, has = kept_teacher or _kept_teacher(logits, ids, lp, t2d)
+    terms = jnp.where(kept, alpha * lp_kept + (1.0 - alpha) * lq_ids, -jnp.inf)
     d_alpha = jax.nn.logsumexp(terms, axis=-1) / (alpha - 1.0)
     return jnp.where(has, d_alpha, 0.0), has
 
@@ -247,14 +248,15 @@ def eagle_loss(config: EagleConfig, steps: int, step_decay: float = 0.8, ce_weig
 
     def per_step(net_params, a, ids, lp, gold, valid, t2d):
         logits = head_logits(config, net_params, a)
-        kl, has, ce, ce_ok, _, agree = _step_terms(logits, ids, lp, gold, t2d)
+        kt = _kept_teacher(logits, ids, lp, t2d)  # shared by the KL and the Rényi term (one log-softmax over V′)
+        kl, has, ce, ce_ok, _, agree = _step_terms(logits, ids, lp, gold, t2d, kt)
         m_kl = (valid & has).astype(jnp.float32)
         m_ce = (valid & ce_ok).astype(jnp.float32)
         m = valid.astype(jnp.float32)
         n_kl, n_ce = jnp.maximum(m_kl.sum(), 1.0), jnp.maximum(m_ce.sum(), 1.0)
         kl_mean = (kl * m_kl).sum() / n_kl
         if renyi_weight:  # the Rényi term rides on the KL slot's positions (the same kept top-k)
-            d_alpha, _ = _renyi_terms(logits, ids, lp, t2d, alpha)
+            d_alpha, _ = _renyi_terms(logits, ids, lp, t2d, alpha, kt)
             kl_mean = kl_weight * kl_mean + renyi_weight * (d_alpha * m_kl).sum() / n_kl
         return (kl_mean, (ce * m_ce).sum() / n_ce,
                 jax.lax.stop_gradient((agree * m).sum() / jnp.maximum(m.sum(), 1.0)))
