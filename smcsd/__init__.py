@@ -5,6 +5,7 @@
 """
 
 from . import methods  # noqa: F401  (registers every method: smcsd/methods/)
+from .methods import AR, SD, SMC, Flex, Method, SDMulti, SDOverlap, SDTree
 from .decode import available_methods, decode
 from .runtime.mesh import make_mesh
 from smcsd.models.registry import available_models, fetch  # noqa: E402
@@ -21,3 +22,4 @@ __all__ = ["DecodeResult", "DecodeStats", "SamplingParams", "available_methods",
 __all__ += ["available_models", "fetch", "load", "available_drafters"]
 __all__ += ["ARDrafter", "Drafter", "PromptLookup", "TreeSpec", "drafters"]
 __all__ += ["make_mesh"]
+__all__ += ["AR", "Flex", "Method", "SD", "SDMulti", "SDOverlap", "SDTree", "SMC"]

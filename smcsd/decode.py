@@ -18,6 +18,7 @@ from smcsd.models import LanguageModel
 from . import defaults as _defaults
 from . import sampling as _sampling
 from .drafters import Drafter, as_drafter
+from .methods.base import Method, merge_options
 from .runtime.engine import METHODS, MethodDef, MethodOptions, ProgramInputs, StaticSpec, bucket, compiled_program
 from .runtime.stats import DecodeResult, DecodeStats, finish_stats
 
@@ -186,7 +187,7 @@ def decode(
     messages=None,
     target: LanguageModel | None = None,
     draft: LanguageModel | Drafter | None = None,
-    method: str | None = None,
+    method: str | Method | None = None,
     max_new_tokens: int = 64,
     temperature: float = 1.0,
     top_k: int = 0,
@@ -211,7 +212,8 @@ def decode(
     messages: instead of prompt, a chat: one conversation (a list of {"role": ..., "content": ...} dicts) or a
     list of them, each rendered with the target tokenizer's chat template (with the assistant header) and
     decoded as its token ids; stop ids then default to the tokenizer's `end_of_turn_ids`.
-    method: "ar" (exact reference) or a registered speculative method (see `smcsd.available_methods()`). Left
+    method: "ar" (exact reference) or a registered speculative method (see `smcsd.available_methods()`), by name or as
+    a value holding its options (`smcsd.SMC(num_particles=8)`, `smcsd.SDTree(tree="2,1:top")`: smcsd/methods). Left
     out (None), with N and K: the pair's measured defaults for this backend and drafter (`smcsd.defaults`:
     the fastest setting within quality tolerance of `ar`, possibly `ar` itself), or `sd` K=4 for other models.
     temperature / top_k / top_p define the target distribution p_T every method samples from
@@ -255,7 +257,7 @@ def prepare(
     messages=None,
     target: LanguageModel | None = None,
     draft: LanguageModel | Drafter | None = None,
-    method: str | None = None,
+    method: str | Method | None = None,
     max_new_tokens: int = 64,
     temperature: float = 1.0,
     top_k: int = 0,
@@ -276,7 +278,19 @@ def prepare(
     """Check a `decode` call's arguments and lay it out (static spec, traced inputs, params), without compiling or
     running it: what `decode` runs, and what profilers (experiments/bench/profile_smc.py) take apart. See `decode`."""
     _check_prompt_or_messages(prompt, messages)
-    if method is not None and (not isinstance(method, str) or method not in METHODS):
+    if isinstance(method, Method):  # a method with its options (smcsd.methods): the same as the keyword form
+        opts = merge_options(method, {"num_speculative_tokens": num_speculative_tokens, "num_particles": num_particles,
+                                      "tree": tree, "ess_threshold": ess_threshold, "resampler": resampler,
+                                      "alpha": alpha, "select": select, "return_particles": return_particles},
+                             _OPTION_DEFAULTS)
+        num_speculative_tokens, num_particles, tree = opts["num_speculative_tokens"], opts["num_particles"], opts["tree"]
+        ess_threshold, resampler, alpha = opts["ess_threshold"], opts["resampler"], opts["alpha"]
+        select, return_particles = opts["select"], opts["return_particles"]
+        method = method.name
+    if method is not None and not isinstance(method, str):
+        raise TypeError(f"method must be a method's name (one of: {', '.join(sorted(METHODS))}) or a "
+                        f"smcsd.methods value such as smcsd.SD(num_speculative_tokens=4), got {type(method).__name__}")
+    if method is not None and method not in METHODS:
         raise ValueError(f"unknown method {method!r}; choose one of: {', '.join(sorted(METHODS))}")
     if method is not None and draft is None and METHODS[method].pair_draft is not None:
         # the drafter the method takes from the target's pair (flex: its FlexDraft adapters; smc: its proposal)
@@ -434,6 +448,7 @@ def _unpack(raw, spec: StaticSpec, target: LanguageModel, compile_s: float, wall
 
 
 _KEYWORDS = tuple(inspect.signature(prepare).parameters)[1:]  # decode's keywords (all but prompt)
+_OPTION_DEFAULTS = {k: p.default for k, p in inspect.signature(prepare).parameters.items()}
 
 
 def available_methods() -> list[str]:

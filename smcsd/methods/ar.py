@@ -6,11 +6,15 @@ max_new_tokens stop advancing (their cache length is frozen) while the others go
 
 from __future__ import annotations
 
+import dataclasses
+from typing import ClassVar
+
 import jax
 import jax.numpy as jnp
 
 from smcsd.models import forward_cached
 
+from .base import Method
 from ..runtime.engine import MethodDef, ProgramInputs, StaticSpec, is_stop, prefill, register_method, write_tokens
 from ..sampling import sample_logits
 
@@ -52,4 +56,11 @@ def build_ar(target_cfg, draft_cfg, spec: StaticSpec):
     return program
 
 
-AR = register_method(MethodDef(name="ar", build=build_ar, needs_draft=False, headroom=lambda k, n, tree=None: 0))
+DEFINITION = register_method(MethodDef(name="ar", build=build_ar, needs_draft=False, headroom=lambda k, n, tree=None: 0))
+
+
+@dataclasses.dataclass(frozen=True, repr=False)
+class AR(Method):
+    """`ar`: exact autoregressive decoding (no options: temperature / top_k / top_p are the target's, on decode)."""
+
+    name: ClassVar[str] = "ar"

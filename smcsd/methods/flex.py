@@ -33,6 +33,9 @@ cache; rolling back rejected drafts is setting lengths, as in `sd`.
 
 from __future__ import annotations
 
+import dataclasses
+from typing import ClassVar
+
 import jax
 import jax.numpy as jnp
 
@@ -40,6 +43,7 @@ from smcsd.models import forward_cached, init_cache
 from smcsd.drafters.flex import draft_logits, forward_flex
 from smcsd.models.transformer import layers_unstacked
 
+from .base import Method, check_count
 from ..runtime.engine import MethodDef, StaticSpec, register_method
 from ..sampling import process_logits, sample
 from ..runtime.engine import is_stop
@@ -235,7 +239,18 @@ def pair_flex(target):
     return found
 
 
-FLEX = register_method(MethodDef(
+DEFINITION = register_method(MethodDef(
     name="flex", build=build_flex, needs_draft=True, headroom=_headroom, pair_draft=pair_flex, drafter_kind="flex",
     drafter_hint="method 'flex' drafts with FlexDraft adapters (draft=smcsd.drafters.FlexDrafter, or "
                  "smcsd.load(pair, drafter='flex')), and a FlexDrafter works with method='flex' only"))
+
+
+@dataclasses.dataclass(frozen=True, repr=False)
+class Flex(Method):
+    """`flex`: FlexDraft's exact one-model drafting, `num_speculative_tokens` per cycle (its adapters' cap)."""
+
+    name: ClassVar[str] = "flex"
+    num_speculative_tokens: int | None = None  # K, draft tokens per cycle (None: the pair's default)
+
+    def __post_init__(self):
+        check_count("Flex", "num_speculative_tokens", self.num_speculative_tokens)

@@ -17,16 +17,16 @@ length, pending token and feed as they were (their cache writes land past the le
 
 from __future__ import annotations
 
-from typing import NamedTuple
+import dataclasses
+from typing import Any, ClassVar, NamedTuple
 
 import jax
 import jax.numpy as jnp
 
-from typing import Any
-
 from smcsd.models import KVCache
 
 from ..drafters import as_drafter, initial_feed
+from .base import Method, check_count
 from ..runtime.engine import MethodDef, ProgramInputs, StaticSpec, first_stop_count, is_stop, prefill, register_method, \
     verify_call, write_tokens
 from ..sampling import process_logits, sample
@@ -190,4 +190,15 @@ def headroom(num_speculative_tokens, num_particles, tree=None):
     return num_speculative_tokens + 1
 
 
-SD = register_method(MethodDef(name="sd", build=build_sd, needs_draft=True, headroom=headroom))
+DEFINITION = register_method(MethodDef(name="sd", build=build_sd, needs_draft=True, headroom=headroom))
+
+
+@dataclasses.dataclass(frozen=True, repr=False)
+class SD(Method):
+    """`sd`: exact speculative decoding with one chain of `num_speculative_tokens` drafts per cycle."""
+
+    name: ClassVar[str] = "sd"
+    num_speculative_tokens: int | None = None  # K, draft tokens per cycle (None: the pair's default)
+
+    def __post_init__(self):
+        check_count("SD", "num_speculative_tokens", self.num_speculative_tokens)

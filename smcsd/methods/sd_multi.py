@@ -5,10 +5,14 @@ bookkeeping is `sd`'s (smcsd/methods/sd.py), so `mean_acceptance_length` compare
 
 from __future__ import annotations
 
+import dataclasses
+from typing import ClassVar
+
 import jax
 import jax.numpy as jnp
 
 from ..drafters import as_drafter
+from .base import Method, check_count
 from ..runtime.engine import MethodDef, ProgramInputs, StaticSpec, register_method, verify_call
 from ..sampling import process_logits
 from ..verify import rrs_walk, sample_probs
@@ -62,5 +66,19 @@ def build_sd_multi(target_cfg, drafter, spec: StaticSpec):
     return program
 
 
-SD_MULTI = register_method(MethodDef(name="sd-multi", build=build_sd_multi, needs_draft=True, headroom=headroom,
+DEFINITION = register_method(MethodDef(name="sd-multi", build=build_sd_multi, needs_draft=True, headroom=headroom,
                                      uses_particles=True))
+
+
+@dataclasses.dataclass(frozen=True, repr=False)
+class SDMulti(Method):
+    """`sd-multi`: exact, `num_particles` independent chains of `num_speculative_tokens` per request, verified
+    together by recursive rejection sampling."""
+
+    name: ClassVar[str] = "sd-multi"
+    num_speculative_tokens: int | None = None  # K, draft tokens per cycle (None: the pair's default)
+    num_particles: int | None = None  # N drafts per request (None: the pair's default)
+
+    def __post_init__(self):
+        check_count("SDMulti", "num_speculative_tokens", self.num_speculative_tokens)
+        check_count("SDMulti", "num_particles", self.num_particles)

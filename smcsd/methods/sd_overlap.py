@@ -37,6 +37,8 @@ An odd batch gets one padding row (a copy of the last request, done from the sta
 
 from __future__ import annotations
 
+from typing import ClassVar
+
 import dataclasses
 import math
 import queue
@@ -52,10 +54,11 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 from smcsd.models.sharding import DATA, MODEL, axis_size, layout, param_specs, put
 
 from ..drafters import as_drafter
+from .base import Method, check_count
 from ..runtime.engine import MethodDef, ProgramInputs, StaticSpec, prefill, register_method
 from .sd import SDState, finish_cycle, headroom, initial_state, program_result, verify_chain
 
-__all__ = ["OverlapMeshes", "split_devices", "OverlapRunner", "overlap_step_model"]
+__all__ = ["SDOverlap", "OverlapMeshes", "split_devices", "OverlapRunner", "overlap_step_model"]
 
 
 class OverlapMeshes(NamedTuple):
@@ -445,5 +448,16 @@ def place(mesh, batch: int, target, drafter, inputs):
     return meshes, (target.decode_params() if one[0] else target.params, draft_params, inputs)
 
 
-SD_OVERLAP = register_method(MethodDef(name="sd-overlap", build=_build, needs_draft=True, headroom=headroom,
+DEFINITION = register_method(MethodDef(name="sd-overlap", build=_build, needs_draft=True, headroom=headroom,
                                        runner=OverlapRunner, passes_feedback=False, place=place))
+
+
+@dataclasses.dataclass(frozen=True, repr=False)
+class SDOverlap(Method):
+    """`sd-overlap`: MineDraft's `sd` with drafting overlapped with verification on two device groups."""
+
+    name: ClassVar[str] = "sd-overlap"
+    num_speculative_tokens: int | None = None  # K, draft tokens per cycle (None: the pair's default)
+
+    def __post_init__(self):
+        check_count("SDOverlap", "num_speculative_tokens", self.num_speculative_tokens)

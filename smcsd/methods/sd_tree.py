@@ -16,6 +16,8 @@ without tree proposals need.)
 
 from __future__ import annotations
 
+from typing import ClassVar
+
 import dataclasses
 
 import jax
@@ -24,6 +26,7 @@ import jax.numpy as jnp
 from smcsd.models import ancestor_mask, forward_tree
 
 from ..drafters import as_drafter
+from .base import Method, check_count
 from ..runtime.engine import MethodDef, MethodOptions, StaticSpec, register_method
 from ..runtime.engine import hidden_concat
 from .sd import finish_cycle, start
@@ -124,5 +127,26 @@ def configure(options: MethodOptions, drafter) -> MethodOptions:
                                draft_temperature=draft_temperature)
 
 
-SD_TREE = register_method(MethodDef(name="sd-tree", build=build_sd_tree, needs_draft=True, headroom=_headroom,
+DEFINITION = register_method(MethodDef(name="sd-tree", build=build_sd_tree, needs_draft=True, headroom=_headroom,
                                     takes_tree=True, configure=configure))
+
+
+@dataclasses.dataclass(frozen=True, repr=False)
+class SDTree(Method):
+    """`sd-tree`: exact speculative decoding over a draft tree (a `smcsd.TreeSpec` or its string form, e.g.
+    '2,1:top'; None: the pair's default tree). Its K is the tree's depth: pass one of them, or both agreeing."""
+
+    name: ClassVar[str] = "sd-tree"
+    tree: object = None
+    num_speculative_tokens: int | None = None
+
+    def __post_init__(self):
+        check_count("SDTree", "num_speculative_tokens", self.num_speculative_tokens)
+        if self.tree is not None:
+            try:
+                spec = parse_tree(self.tree)
+            except (TypeError, ValueError) as e:
+                raise type(e)(f"SDTree(tree={self.tree!r}): {e}") from None
+            if self.num_speculative_tokens is not None and self.num_speculative_tokens != spec.depth:
+                raise ValueError(f"SDTree(tree={self.tree!r}, num_speculative_tokens={self.num_speculative_tokens}): "
+                                 f"the tree's depth is {spec.depth}; pass one of them")

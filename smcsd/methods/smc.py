@@ -60,6 +60,9 @@ Conventions (why the weights are right):
 
 from __future__ import annotations
 
+import dataclasses
+from typing import ClassVar
+
 import contextlib
 import warnings
 from typing import NamedTuple
@@ -74,6 +77,7 @@ from smcsd.models.sharding import active_layout
 from smcsd.resample import maybe_resample, normalize
 
 from ..drafters import as_drafter, initial_feed
+from .base import Method, check_count, check_real
 from ..runtime.engine import MethodDef, MethodOptions, ProgramInputs, StaticSpec, first_stop_count, is_stop, register_method, verify_call, \
     write_tokens
 from .sd import start_drafting
@@ -336,6 +340,39 @@ def configure(options: MethodOptions, drafter) -> MethodOptions:
     return options
 
 
-SMC = register_method(MethodDef(name="smc", build=build_smc, needs_draft=True, headroom=lambda k, n, tree=None: k,
+DEFINITION = register_method(MethodDef(name="smc", build=build_smc, needs_draft=True, headroom=lambda k, n, tree=None: k,
                                 uses_particles=True, exact=False, resamples=True, pair_draft=pair_proposal,
                                 configure=configure))
+
+
+@dataclasses.dataclass(frozen=True, repr=False)
+class SMC(Method):
+    """`smc`: SMC speculative decoding — `num_particles` draft particles per request, `num_speculative_tokens` per
+    cycle, resampled by `resampler` when the ESS falls below `ess_threshold`·N; targets p_T^`alpha`; the output
+    particle is drawn ∝ its weight (`select="sample"`) or the heaviest (`"argmax"`). None: decode's default."""
+
+    name: ClassVar[str] = "smc"
+    num_particles: int | None = None
+    num_speculative_tokens: int | None = None
+    ess_threshold: float | None = None
+    resampler: str | None = None
+    alpha: float | None = None
+    select: str | None = None
+    return_particles: bool | None = None
+
+    def __post_init__(self):
+        check_count("SMC", "num_particles", self.num_particles)
+        check_count("SMC", "num_speculative_tokens", self.num_speculative_tokens)
+        check_real("SMC", "ess_threshold", self.ess_threshold, 0.0, 1.0, what=" (0 never resamples, 1 always)")
+        check_real("SMC", "alpha", self.alpha, 0.0, None, low_open=True, what=" (1 targets p_T itself)")
+        if self.resampler is not None:
+            from smcsd.resample import get_resampler
+            try:
+                get_resampler(self.resampler)
+            except (TypeError, ValueError, KeyError) as e:
+                raise ValueError(f"SMC(resampler={self.resampler!r}): {e}") from None
+        if self.select is not None and self.select not in ("sample", "argmax"):
+            raise ValueError(f"SMC(select={self.select!r}): select must be 'sample' (a particle drawn by weight) "
+                             "or 'argmax' (the heaviest)")
+        if self.return_particles is not None and not isinstance(self.return_particles, bool):
+            raise TypeError(f"SMC(return_particles={self.return_particles!r}): return_particles must be a bool")
