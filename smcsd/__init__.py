@@ -6,7 +6,7 @@
 
 from . import methods  # noqa: F401  (registers every method: smcsd/methods/)
 from .methods import AR, SD, SMC, Flex, Method, SDMulti, SDOverlap, SDTree
-from .decode import available_methods, decode
+from .decode import available_methods, decode, prepare
 from .runtime.mesh import make_mesh
 from smcsd.models.registry import available_models, fetch  # noqa: E402
 from . import drafters
@@ -18,7 +18,7 @@ from .runtime.stats import DecodeResult, DecodeStats
 
 __version__ = "0.1.0"
 
-__all__ = ["DecodeResult", "DecodeStats", "SamplingParams", "available_methods", "decode", "process_logits"]
+__all__ = ["DecodeResult", "DecodeStats", "SamplingParams", "available_methods", "decode", "prepare", "process_logits"]
 __all__ += ["available_models", "fetch", "load", "available_drafters"]
 __all__ += ["ARDrafter", "Drafter", "PromptLookup", "TreeSpec", "drafters"]
 __all__ += ["make_mesh"]

@@ -20,7 +20,7 @@ from . import sampling as _sampling
 from .drafters import Drafter, as_drafter
 from .methods.base import Method, merge_options
 from .runtime.engine import METHODS, MethodDef, MethodOptions, ProgramInputs, StaticSpec, bucket, compiled_program
-from .runtime.stats import DecodeResult, DecodeStats, finish_stats
+from .runtime.stats import DecodeResult, unpack_result
 
 _SELECT = ("sample", "argmax")
 
@@ -248,7 +248,7 @@ def decode(
     raw = program(*p.args)
     raw = jax.device_get(raw)
     wall = time.perf_counter() - start
-    return _unpack(raw, p.spec, p.target, compile_s, wall)
+    return unpack_result(raw, p.spec, p.target, compile_s, wall)
 
 
 def prepare(
@@ -419,32 +419,6 @@ def prepare(
         mesh, args = place_args(mesh, spec, target.config, getattr(draft, "config", None),
                                 (target.params, draft_params, inputs))
     return Prepared(mdef, target, draft, spec, args, mesh)
-
-
-def _unpack(raw, spec: StaticSpec, target: LanguageModel, compile_s: float, wall: float) -> DecodeResult:
-    tokens_arr = np.asarray(raw["tokens"])
-    lengths = np.asarray(raw["lengths"])
-    tokens = [tokens_arr[b, :lengths[b]].tolist() for b in range(spec.batch)]
-    tok = target.tokenizer
-    texts = [tok.decode(t) for t in tokens] if tok is not None else None
-    stats = DecodeStats(method=spec.method, batch_size=spec.batch, num_prefill_calls=1, wall_time_s=wall,
-                        compile_time_s=compile_s, cache_len=spec.cache_len)
-    stats = finish_stats(stats, raw.get("stats", {}), lengths)
-    for name in ("ess_per_cycle", "resampled_per_cycle", "log_z", "all_weights_neg_inf"):
-        if name in raw.get("stats", {}):
-            value = np.asarray(raw["stats"][name])
-            if name in ("ess_per_cycle", "resampled_per_cycle"):  # fixed-size buffers: keep the cycles run
-                value = value[:int(np.asarray(raw["stats"].get("num_target_calls", len(value))))]
-            setattr(stats, name, value.tolist())
-    if "num_resamples" in raw.get("stats", {}):
-        stats.num_resamples = int(np.asarray(raw["stats"]["num_resamples"]).sum())
-        stats.num_particles = int(spec.num_particles)
-    particles = log_weights = None
-    if spec.return_particles and "particles" in raw:
-        p_tok, p_len = np.asarray(raw["particles"]), np.asarray(raw["particle_lengths"])
-        particles = [[p_tok[b, i, :p_len[b, i]].tolist() for i in range(p_tok.shape[1])] for b in range(spec.batch)]
-        log_weights = np.asarray(raw["log_weights"])
-    return DecodeResult(tokens=tokens, texts=texts, stats=stats, particles=particles, log_weights=log_weights)
 
 
 _KEYWORDS = tuple(inspect.signature(prepare).parameters)[1:]  # decode's keywords (all but prompt)

@@ -119,3 +119,46 @@ def test_headroom_and_k_come_from_the_value():
         SD().headroom()
     assert SD().headroom(num_speculative_tokens=2) == 3
     assert SD().exact and not SMC().exact
+
+
+def _stepped(value, target, draft, **kw):
+    p = smcsd.prepare(PROMPTS, target=target, draft=draft, method=value, max_new_tokens=7, seed=3, eos_id=[], **kw)
+    state, cycles = value.init(p), 0
+    while not value.done(state):
+        state = value.step(p, state)
+        cycles += 1
+    return value.finish(p, state), cycles
+
+
+@pytest.mark.parametrize("value", [AR(), SD(num_speculative_tokens=3), SDMulti(num_speculative_tokens=2, num_particles=2),
+                                   SDTree(tree="2,1"), SMC(num_particles=3, num_speculative_tokens=2)],
+                         ids=lambda v: v.name)
+def test_stepping_a_method_cycle_by_cycle_is_its_decode(value):
+    # init / step / finish are the functions the compiled while-loop runs: same tokens and statistics for one seed
+    target, draft = tiny_pair()
+    result, cycles = _stepped(value, target, draft)
+    ref = smcsd.decode(PROMPTS, target=target, draft=draft, method=value, max_new_tokens=7, seed=3, eos_id=[])
+    assert result.tokens == ref.tokens
+    assert cycles == result.stats.num_target_calls == ref.stats.num_target_calls
+    assert result.stats.num_accepted_tokens == ref.stats.num_accepted_tokens
+
+
+def test_stepping_flex():
+    from test_flex import flex_drafter
+    target, _ = tiny_pair()
+    draft = flex_drafter(target)
+    value = Flex(num_speculative_tokens=2)
+    result, _ = _stepped(value, target, draft, temperature=0)
+    ref = smcsd.decode(PROMPTS, target=target, draft=draft, method=value, max_new_tokens=7, seed=3, eos_id=[],
+                       temperature=0)
+    assert result.tokens == ref.tokens
+
+
+def test_a_step_needs_its_own_loop_method():
+    target, draft = tiny_pair()
+    p = smcsd.prepare(PROMPTS, target=target, draft=draft, method=SD(num_speculative_tokens=2), max_new_tokens=4)
+    with pytest.raises(ValueError, match="prepared for method 'sd'"):
+        SMC().init(p)
+    p = smcsd.prepare(PROMPTS, target=target, draft=draft, method=SDOverlap(num_speculative_tokens=2), max_new_tokens=4)
+    with pytest.raises(ValueError, match="no step"):
+        SDOverlap().init(p)

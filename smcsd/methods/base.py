@@ -21,6 +21,11 @@ import dataclasses
 import numbers
 from typing import ClassVar
 
+import jax
+import numpy as np
+
+from ..runtime.stats import unpack_result
+
 
 def check_count(owner: str, name: str, value, minimum: int = 1):
     """None, or an int >= minimum (bools refused), else a TypeError / ValueError naming `owner(name=...)`."""
@@ -84,6 +89,49 @@ class Method:
             raise ValueError(f"{self!r} leaves num_speculative_tokens to the pair's default; pass it to headroom()")
         N = getattr(self, "num_particles", None) or num_particles
         return self.definition.headroom(K or 0, N, tree)
+
+
+    # -------------------------------------------------------------- one cycle at a time
+
+    def _parts(self, prepared):
+        d = prepared.method
+        if d.name != self.name:
+            raise ValueError(f"{self!r} cannot step a call prepared for method {d.name!r}; prepare it with "
+                             f"method={self!r}")
+        if d.parts is None:
+            raise ValueError(f"method {self.name!r} is not one loop of cycles (it runs as {d.runner.__name__ if d.runner else 'a program'}), "
+                             "so it has no step; decode it whole, or step through 'sd' (the same cycle)")
+        key = (d.name, prepared.target.config, prepared.draft, prepared.spec)
+        if key not in _STEPPERS:
+            if len(_STEPPERS) >= 8:  # compiled programs hold memory maps: keep the few in use
+                _STEPPERS.pop(next(iter(_STEPPERS)))
+            parts = d.parts(prepared.target.config, prepared.draft, prepared.spec)
+            _STEPPERS[key] = (jax.jit(parts.init), jax.jit(parts.cycle), jax.jit(parts.finish))
+        return _STEPPERS[key]
+
+    def init(self, prepared):
+        """The loop state after the prefill and the first token, for a call laid out by `smcsd.prepare(...,
+        method=self)`: the same `init` the compiled program runs (so `step` until `done(state)` and `finish`
+        give `decode`'s tokens for the same seed)."""
+        return self._parts(prepared)[0](*prepared.args)
+
+    def step(self, prepared, state):
+        """One cycle (one target call and what it commits) on `state`; rows already done stay as they are."""
+        tp, dp, inp = prepared.args
+        return self._parts(prepared)[1](tp, dp, inp, state)
+
+    @staticmethod
+    def done(state) -> bool:
+        """Whether every row of `state` is done (the compiled loop's exit test)."""
+        return bool(np.all(np.asarray(state.done)))
+
+    def finish(self, prepared, state):
+        """The `smcsd.DecodeResult` of a finished (or partly finished) state, as `decode` returns it."""
+        raw = jax.device_get(self._parts(prepared)[2](prepared.args[2], state))
+        return unpack_result(raw, prepared.spec, prepared.target)
+
+
+_STEPPERS: dict = {}  # (method, target config, drafter, spec) -> jitted (init, cycle, finish)
 
 
 def merge_options(method: Method, given: dict, defaults: dict) -> dict:

@@ -44,7 +44,7 @@ from smcsd.drafters.flex import draft_logits, forward_flex
 from smcsd.models.transformer import layers_unstacked
 
 from .base import Method, check_count
-from ..runtime.engine import MethodDef, StaticSpec, register_method
+from ..runtime.engine import MethodDef, ProgramParts, StaticSpec, loop_program, register_method
 from ..sampling import process_logits, sample
 from ..runtime.engine import is_stop
 from .sd import SDState, finish_cycle
@@ -116,7 +116,8 @@ def _accept(key_u, key_c, p, q, x, L):
     return n_acc, sample_probs(key_c, r)
 
 
-def build_flex(target_cfg, drafter, spec: StaticSpec):
+def program_parts(target_cfg, drafter, spec: StaticSpec) -> ProgramParts:
+    """FlexDraft's exact one-model drafting as init / cycle / finish (`smcsd.runtime.ProgramParts`)."""
     B, K = spec.batch, spec.num_speculative_tokens
     S = drafter.flex_config.group_size
     mode, tau = drafter.mode_for(B), drafter.tau
@@ -129,7 +130,9 @@ def build_flex(target_cfg, drafter, spec: StaticSpec):
         lq = process_logits(draft_logits(target_cfg, tp, fp, mask_hidden[:, :K], bonus), sampling)  # [B, K, V]
         return sample(key, lq), lq
 
-    def program(tp, fp, inp):
+    anchors = jnp.broadcast_to(jnp.arange(K + 1, dtype=jnp.int32), (B, K + 1))
+
+    def init(tp, fp, inp):
         cache = init_cache(target_cfg.num_hidden_layers, B, spec.cache_len, target_cfg.num_key_value_heads,
                            target_cfg.head_dim, target_cfg.jnp_dtype, per_layer=layers_unstacked(tp))
         last = (inp.prompt_len - 1)[:, None]
@@ -150,77 +153,81 @@ def build_flex(target_cfg, drafter, spec: StaticSpec):
         n = jnp.ones((B,), jnp.int32)
         done = is_stop(tok, inp.stop_ids) | (n >= inp.max_new_tokens)
         zero = jnp.int32(0)
-        state = SDState(cache, (drafts, dlq, zero), tok, jnp.zeros((B, 2), jnp.int32), jnp.ones((B,), jnp.int32), out,
+        return SDState(cache, (drafts, dlq, zero), tok, jnp.zeros((B, 2), jnp.int32), jnp.ones((B,), jnp.int32), out,
                        n, done, key, zero, jnp.zeros((B,), jnp.int32), zero, zero, jnp.zeros((K,), jnp.int32))
-        anchors = jnp.broadcast_to(jnp.arange(K + 1, dtype=jnp.int32), (B, K + 1))
 
-        def body(s: SDState) -> SDState:
-            key, k_accept, k_corr, k_draft = jax.random.split(s.key, 4)
-            live = ~s.done
-            tlen_before = s.target_cache.lengths
-            x, dlq, verified = s.draft_state
-            if mode == "parallel":
-                L = confidence_length(dlq, tau)
-                block = jnp.concatenate([s.tok[:, None], x], axis=1)
+    def cycle(tp, fp, inp, s: SDState) -> SDState:
+        key, k_accept, k_corr, k_draft = jax.random.split(s.key, 4)
+        live = ~s.done
+        tlen_before = s.target_cache.lengths
+        x, dlq, verified = s.draft_state
+        if mode == "parallel":
+            L = confidence_length(dlq, tau)
+            block = jnp.concatenate([s.tok[:, None], x], axis=1)
 
-                def parallel_call(w):  # verify the first w drafts, drafting from the w + 1 groups after them
-                    def call(cache):
-                        lg, cache, mh, _ = forward_flex(target_cfg, tp, fp, block[:, :w + 1], cache,
-                                                        anchors[:, :w + 1], S, num_valid=jnp.where(live, w + 1, 0))
-                        return _pad_to(lg, K + 1), cache, _pad_to(mh, K + 1)
-                    return call
+            def parallel_call(w):  # verify the first w drafts, drafting from the w + 1 groups after them
+                def call(cache):
+                    lg, cache, mh, _ = forward_flex(target_cfg, tp, fp, block[:, :w + 1], cache,
+                                                    anchors[:, :w + 1], S, num_valid=jnp.where(live, w + 1, 0))
+                    return _pad_to(lg, K + 1), cache, _pad_to(mh, K + 1)
+                return call
 
-                if tau:  # the cut: the narrowest width that holds every live row's L, one branch per width
-                    logits, tcache, mh = jax.lax.switch(width_index(L, live, widths),
-                                                        [parallel_call(w) for w in widths], s.target_cache)
-                else:
-                    logits, tcache, mh = parallel_call(K)(s.target_cache)
-            else:  # draft pass: the pending token (written) + one group on the last committed token; verify pass
-                lg0, tcache, mh0, _ = forward_flex(target_cfg, tp, fp, s.tok[:, None], s.target_cache, None, S,
-                                                   num_valid=live.astype(jnp.int32),
-                                                   anchor_positions=(tlen_before - 1)[:, None])
-                x, dlq = next_drafts(k_draft, tp, fp, mh0[:, 0], s.tok, inp.draft_sampling)
-                conf = cumulative_confidence(dlq) if budget is not None else None  # one [B, K, V] pass for both
-                L = confidence_length(dlq, tau, conf)
-                if budget is not None:  # ragged rows packed into one call of `budget` tokens
-                    L = budget_lengths(dlq, L, live, budget, conf)
+            if tau:  # the cut: the narrowest width that holds every live row's L, one branch per width
+                logits, tcache, mh = jax.lax.switch(width_index(L, live, widths),
+                                                    [parallel_call(w) for w in widths], s.target_cache)
+            else:
+                logits, tcache, mh = parallel_call(K)(s.target_cache)
+        else:  # draft pass: the pending token (written) + one group on the last committed token; verify pass
+            lg0, tcache, mh0, _ = forward_flex(target_cfg, tp, fp, s.tok[:, None], s.target_cache, None, S,
+                                               num_valid=live.astype(jnp.int32),
+                                               anchor_positions=(tlen_before - 1)[:, None])
+            x, dlq = next_drafts(k_draft, tp, fp, mh0[:, 0], s.tok, inp.draft_sampling)
+            conf = cumulative_confidence(dlq) if budget is not None else None  # one [B, K, V] pass for both
+            L = confidence_length(dlq, tau, conf)
+            if budget is not None:  # ragged rows packed into one call of `budget` tokens
+                L = budget_lengths(dlq, L, live, budget, conf)
 
-                def verify_call(w):  # the verify pass over the first w drafts
-                    def call(cache):
-                        lg, cache = forward_cached(target_cfg, tp, x[:, :w], cache, num_valid=jnp.where(live, w, 0))
-                        return _pad_to(lg, K), cache
-                    return call
+            def verify_call(w):  # the verify pass over the first w drafts
+                def call(cache):
+                    lg, cache = forward_cached(target_cfg, tp, x[:, :w], cache, num_valid=jnp.where(live, w, 0))
+                    return _pad_to(lg, K), cache
+                return call
 
-                if budget is not None:
-                    lg1, tcache = forward_cached(target_cfg, tp, x, tcache, num_valid=jnp.where(live, L, 0),
-                                                 pack=pack_index(jnp.where(live, L, 0), K, budget))
-                elif tau:
-                    lg1, tcache = jax.lax.switch(width_index(L, live, widths), [verify_call(w) for w in widths],
-                                                 tcache)
-                else:
-                    lg1, tcache = verify_call(K)(tcache)
-                logits = jnp.concatenate([lg0, lg1], axis=1)
-                tcache = tcache.set_lengths(tlen_before)  # finish_cycle sets the committed length below
-            # Positions past a row's L are padding (their logits unused: at most L drafts are accepted).
-            p = jnp.exp(process_logits(logits, inp.sampling))  # [B, K+1, V]
-            n_acc, c = _accept(k_accept, k_corr, p, jnp.exp(dlq), x, L)
-            s = s._replace(key=key, calls=s.calls + (1 if mode == "sequential" else 0))
-            s, tlen, _ = finish_cycle(s, inp, K, n_acc, x, c, tlen_before, tlen_before)
-            verified = verified + jnp.sum(jnp.where(live, L, 0))
-            if mode == "parallel":  # the next drafts: the group whose assumption (n accepted) came true
-                group = jnp.take_along_axis(mh, n_acc[:, None, None, None], axis=1)[:, 0]  # [B, S, H]
-                new_x, new_lq = next_drafts(k_draft, tp, fp, group, c, inp.draft_sampling)
-                x = jnp.where(live[:, None], new_x, x)
-                dlq = jnp.where(live[:, None, None], new_lq, dlq)
-            return s._replace(target_cache=tcache.set_lengths(tlen), draft_state=(x, dlq, verified))
+            if budget is not None:
+                lg1, tcache = forward_cached(target_cfg, tp, x, tcache, num_valid=jnp.where(live, L, 0),
+                                             pack=pack_index(jnp.where(live, L, 0), K, budget))
+            elif tau:
+                lg1, tcache = jax.lax.switch(width_index(L, live, widths), [verify_call(w) for w in widths],
+                                             tcache)
+            else:
+                lg1, tcache = verify_call(K)(tcache)
+            logits = jnp.concatenate([lg0, lg1], axis=1)
+            tcache = tcache.set_lengths(tlen_before)  # finish_cycle sets the committed length below
+        # Positions past a row's L are padding (their logits unused: at most L drafts are accepted).
+        p = jnp.exp(process_logits(logits, inp.sampling))  # [B, K+1, V]
+        n_acc, c = _accept(k_accept, k_corr, p, jnp.exp(dlq), x, L)
+        s = s._replace(key=key, calls=s.calls + (1 if mode == "sequential" else 0))
+        s, tlen, _ = finish_cycle(s, inp, K, n_acc, x, c, tlen_before, tlen_before)
+        verified = verified + jnp.sum(jnp.where(live, L, 0))
+        if mode == "parallel":  # the next drafts: the group whose assumption (n accepted) came true
+            group = jnp.take_along_axis(mh, n_acc[:, None, None, None], axis=1)[:, 0]  # [B, S, H]
+            new_x, new_lq = next_drafts(k_draft, tp, fp, group, c, inp.draft_sampling)
+            x = jnp.where(live[:, None], new_x, x)
+            dlq = jnp.where(live[:, None, None], new_lq, dlq)
+        return s._replace(target_cache=tcache.set_lengths(tlen), draft_state=(x, dlq, verified))
 
-        s = jax.lax.while_loop(lambda s: ~jnp.all(s.done), body, state)
+    def finish(inp, s: SDState) -> dict:
+        del inp
         return {"tokens": s.out, "lengths": s.n,
-                "stats": {"num_target_calls": s.calls, "live_calls": s.live_calls, "num_draft_calls": zero,
+                "stats": {"num_target_calls": s.calls, "live_calls": s.live_calls, "num_draft_calls": jnp.int32(0),
                           "num_drafts": s.drafts, "num_draft_tokens": s.draft_state[2],
                           "num_accepted_tokens": s.accepted, "accepted_per_position": s.per_position}}
 
-    return program
+    return ProgramParts(init, cycle, finish)
+
+
+def build_flex(target_cfg, drafter, spec: StaticSpec):
+    return loop_program(program_parts(target_cfg, drafter, spec))
 
 
 def _headroom(num_speculative_tokens, num_particles, tree=None):
@@ -242,7 +249,8 @@ def pair_flex(target):
 DEFINITION = register_method(MethodDef(
     name="flex", build=build_flex, needs_draft=True, headroom=_headroom, pair_draft=pair_flex, drafter_kind="flex",
     drafter_hint="method 'flex' drafts with FlexDraft adapters (draft=smcsd.drafters.FlexDrafter, or "
-                 "smcsd.load(pair, drafter='flex')), and a FlexDrafter works with method='flex' only"))
+                 "smcsd.load(pair, drafter='flex')), and a FlexDrafter works with method='flex' only",
+    parts=program_parts))
 
 
 @dataclasses.dataclass(frozen=True, repr=False)

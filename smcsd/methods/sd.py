@@ -27,8 +27,8 @@ from smcsd.models import KVCache
 
 from ..drafters import as_drafter, initial_feed
 from .base import Method, check_count
-from ..runtime.engine import MethodDef, ProgramInputs, StaticSpec, first_stop_count, is_stop, prefill, register_method, \
-    verify_call, write_tokens
+from ..runtime.engine import MethodDef, ProgramInputs, ProgramParts, StaticSpec, first_stop_count, is_stop, loop_program, \
+    prefill, register_method, verify_call, write_tokens
 from ..sampling import process_logits, sample
 from ..verify import chain_accept, sample_probs
 
@@ -153,35 +153,41 @@ def verify_chain(target_cfg, target_params, target_cache, tok, x, logq, live, k_
 
 # ----------------------------------------------------------------------------- sd
 
-def build_sd(target_cfg, drafter, spec: StaticSpec):
-    """Speculative decoding with one draft per request (Leviathan et al. 2023; Chen et al. 2023)."""
+def program_parts(target_cfg, drafter, spec: StaticSpec) -> ProgramParts:
+    """Speculative decoding with one draft per request (Leviathan et al. 2023; Chen et al. 2023), as
+    init / cycle / finish (`smcsd.runtime.ProgramParts`)."""
     K = spec.num_speculative_tokens
     drafter = as_drafter(drafter)
 
-    def program(target_params, draft_params, inp: ProgramInputs):
-        state = start(target_cfg, drafter, target_params, draft_params, inp, spec, rows=1)
+    def init(target_params, draft_params, inp: ProgramInputs) -> SDState:
+        return start(target_cfg, drafter, target_params, draft_params, inp, spec, rows=1)
 
-        def body(s: SDState) -> SDState:
-            key, k_draft, k_accept, k_corr = jax.random.split(s.key, 4)
-            live = ~s.done
-            tlen_before, dlen_before = s.target_cache.lengths, drafter.lengths(s.draft_state)
-            prop = drafter.propose(draft_params, s.draft_state, s.feed, s.feed_count, k_draft, inp.draft_sampling, K)
-            x = prop.tokens  # [B, K]
-            n_acc, c, block, tcache, hidden, p, q = verify_chain(target_cfg, target_params, s.target_cache, s.tok, x,
-                                                                 prop.logq, live, k_accept, k_corr, inp.sampling,
-                                                                 drafter.hidden_layers)
+    def cycle(target_params, draft_params, inp: ProgramInputs, s: SDState) -> SDState:
+        key, k_draft, k_accept, k_corr = jax.random.split(s.key, 4)
+        live = ~s.done
+        tlen_before, dlen_before = s.target_cache.lengths, drafter.lengths(s.draft_state)
+        prop = drafter.propose(draft_params, s.draft_state, s.feed, s.feed_count, k_draft, inp.draft_sampling, K)
+        x = prop.tokens  # [B, K]
+        n_acc, c, block, tcache, hidden, p, q = verify_chain(target_cfg, target_params, s.target_cache, s.tok, x,
+                                                             prop.logq, live, k_accept, k_corr, inp.sampling,
+                                                             drafter.hidden_layers)
 
-            s = s._replace(key=key)
-            s, tlen, dlen = finish_cycle(s, inp, K, n_acc, x, c, tlen_before, dlen_before)
-            dstate = drafter.observe(draft_params, prop.state, block, hidden, tlen_before,
-                                     jnp.where(live, n_acc + 1, 0))
-            dstate = drafter.feedback(dstate, p, q, n_acc, live)  # online adaptation, for drafters that learn
-            return s._replace(target_cache=tcache.set_lengths(tlen), draft_state=drafter.set_lengths(dstate, dlen))
+        s = s._replace(key=key)
+        s, tlen, dlen = finish_cycle(s, inp, K, n_acc, x, c, tlen_before, dlen_before)
+        dstate = drafter.observe(draft_params, prop.state, block, hidden, tlen_before,
+                                 jnp.where(live, n_acc + 1, 0))
+        dstate = drafter.feedback(dstate, p, q, n_acc, live)  # online adaptation, for drafters that learn
+        return s._replace(target_cache=tcache.set_lengths(tlen), draft_state=drafter.set_lengths(dstate, dlen))
 
-        state = jax.lax.while_loop(lambda s: ~jnp.all(s.done), body, state)
-        return program_result(state, K, drafter)
+    def finish(inp: ProgramInputs, s: SDState) -> dict:
+        del inp
+        return program_result(s, K, drafter)
 
-    return program
+    return ProgramParts(init, cycle, finish)
+
+
+def build_sd(target_cfg, drafter, spec: StaticSpec):
+    return loop_program(program_parts(target_cfg, drafter, spec))
 
 
 def headroom(num_speculative_tokens, num_particles, tree=None):
@@ -190,7 +196,8 @@ def headroom(num_speculative_tokens, num_particles, tree=None):
     return num_speculative_tokens + 1
 
 
-DEFINITION = register_method(MethodDef(name="sd", build=build_sd, needs_draft=True, headroom=headroom))
+DEFINITION = register_method(MethodDef(name="sd", build=build_sd, needs_draft=True, headroom=headroom,
+                                       parts=program_parts))
 
 
 @dataclasses.dataclass(frozen=True, repr=False)

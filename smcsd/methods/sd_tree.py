@@ -27,63 +27,68 @@ from smcsd.models import ancestor_mask, forward_tree
 
 from ..drafters import as_drafter
 from .base import Method, check_count
-from ..runtime.engine import MethodDef, MethodOptions, StaticSpec, register_method
+from ..runtime.engine import MethodDef, MethodOptions, ProgramParts, StaticSpec, loop_program, register_method
 from ..runtime.engine import hidden_concat
 from .sd import finish_cycle, start
 from ..verify import sample_probs, tree_walk
 
 
-def build_sd_tree(target_cfg, drafter, spec: StaticSpec):
-    """Tree speculative decoding with one tree per request (`spec.tree`, a `TreeSpec`)."""
+def program_parts(target_cfg, drafter, spec: StaticSpec) -> ProgramParts:
+    """Tree speculative decoding with one tree per request (`spec.tree`, a `TreeSpec`), as init / cycle / finish."""
     tree = spec.tree
     B, D, M = spec.batch, tree.depth, tree.num_nodes
     drafter = as_drafter(drafter)
     hl = drafter.hidden_layers
 
-    def program(target_params, draft_params, inp):
-        state = start(target_cfg, drafter, target_params, draft_params, inp, spec, rows=1)
+    def init(target_params, draft_params, inp):
+        return start(target_cfg, drafter, target_params, draft_params, inp, spec, rows=1)
 
-        def body(s):
-            key, k_draft, k_accept, k_corr = jax.random.split(s.key, 4)
-            live = ~s.done
-            tlen_before, dlen_before = s.target_cache.lengths, drafter.lengths(s.draft_state)
-            prop = drafter.propose_tree(draft_params, s.draft_state, s.feed, s.feed_count, k_draft,
-                                        inp.draft_sampling, tree)
-            block = jnp.concatenate([s.tok[:, None], prop.tokens], axis=1)  # [B, M+1]: root, then the nodes
-            blk_parents = jnp.concatenate([jnp.full((B, 1), -1, jnp.int32),
-                                           jnp.where(prop.parents < 0, 0, prop.parents + 1)], axis=1)
-            blk_depths = jnp.concatenate([jnp.zeros((B, 1), jnp.int32), prop.depths], axis=1)
-            out = forward_tree(target_cfg, target_params, block, s.target_cache, tlen_before,
-                               jnp.broadcast_to(jnp.arange(M + 1, dtype=jnp.int32), (B, M + 1)), blk_depths,
-                               ancestor_mask(blk_parents), hidden_layers=hl)
-            logits, tcache = out[0], out[1]
-            u = jax.random.uniform(k_accept, (B, D, tree.max_candidates))
-            n_acc, path, path_idx, r_final = tree_walk(prop.tokens, prop.parents, prop.depths, prop.valid, prop.logq,
-                                                       logits, inp.sampling, u, tree.max_candidates)
-            c = sample_probs(k_corr, r_final)
+    def cycle(target_params, draft_params, inp, s):
+        key, k_draft, k_accept, k_corr = jax.random.split(s.key, 4)
+        live = ~s.done
+        tlen_before, dlen_before = s.target_cache.lengths, drafter.lengths(s.draft_state)
+        prop = drafter.propose_tree(draft_params, s.draft_state, s.feed, s.feed_count, k_draft,
+                                    inp.draft_sampling, tree)
+        block = jnp.concatenate([s.tok[:, None], prop.tokens], axis=1)  # [B, M+1]: root, then the nodes
+        blk_parents = jnp.concatenate([jnp.full((B, 1), -1, jnp.int32),
+                                       jnp.where(prop.parents < 0, 0, prop.parents + 1)], axis=1)
+        blk_depths = jnp.concatenate([jnp.zeros((B, 1), jnp.int32), prop.depths], axis=1)
+        out = forward_tree(target_cfg, target_params, block, s.target_cache, tlen_before,
+                           jnp.broadcast_to(jnp.arange(M + 1, dtype=jnp.int32), (B, M + 1)), blk_depths,
+                           ancestor_mask(blk_parents), hidden_layers=hl)
+        logits, tcache = out[0], out[1]
+        u = jax.random.uniform(k_accept, (B, D, tree.max_candidates))
+        n_acc, path, path_idx, r_final = tree_walk(prop.tokens, prop.parents, prop.depths, prop.valid, prop.logq,
+                                                   logits, inp.sampling, u, tree.max_candidates)
+        c = sample_probs(k_corr, r_final)
 
-            s = s._replace(key=key)
-            s, tlen, dlen = finish_cycle(s, inp, D, n_acc, path, c, tlen_before, dlen_before)
-            moved = jnp.where(live, n_acc, 0)
-            tcache = tcache.compact(tlen_before + 1, path_idx, moved).set_lengths(tlen)
-            dstate = drafter.compact(prop.state, tlen_before + 1, path_idx, moved)
-            hidden = None
-            if hl:  # the target's hidden states along the accepted path: root, then its nodes
-                h = hidden_concat(out[2])
-                pos = jnp.concatenate([jnp.zeros((B, 1), jnp.int32), path_idx + 1], axis=1)
-                hidden = jnp.take_along_axis(h, pos[:, :, None], axis=1)
-            dstate = drafter.observe(draft_params, dstate, jnp.concatenate([block[:, :1], path], axis=1),
-                                     hidden, tlen_before, jnp.where(live, n_acc + 1, 0))
-            return s._replace(target_cache=tcache, draft_state=drafter.set_lengths(dstate, dlen))
+        s = s._replace(key=key)
+        s, tlen, dlen = finish_cycle(s, inp, D, n_acc, path, c, tlen_before, dlen_before)
+        moved = jnp.where(live, n_acc, 0)
+        tcache = tcache.compact(tlen_before + 1, path_idx, moved).set_lengths(tlen)
+        dstate = drafter.compact(prop.state, tlen_before + 1, path_idx, moved)
+        hidden = None
+        if hl:  # the target's hidden states along the accepted path: root, then its nodes
+            h = hidden_concat(out[2])
+            pos = jnp.concatenate([jnp.zeros((B, 1), jnp.int32), path_idx + 1], axis=1)
+            hidden = jnp.take_along_axis(h, pos[:, :, None], axis=1)
+        dstate = drafter.observe(draft_params, dstate, jnp.concatenate([block[:, :1], path], axis=1),
+                                 hidden, tlen_before, jnp.where(live, n_acc + 1, 0))
+        return s._replace(target_cache=tcache, draft_state=drafter.set_lengths(dstate, dlen))
 
-        state = jax.lax.while_loop(lambda s: ~jnp.all(s.done), body, state)
+    def finish(inp, state):
+        del inp
         return {"tokens": state.out, "lengths": state.n,
                 "stats": {"num_target_calls": state.calls, "live_calls": state.live_calls,
                           "num_draft_calls": drafter.tree_calls(tree) * state.calls,
                           "num_drafts": state.drafts, "num_draft_tokens": M * state.drafts,
                           "num_accepted_tokens": state.accepted, "accepted_per_position": state.per_position}}
 
-    return program
+    return ProgramParts(init, cycle, finish)
+
+
+def build_sd_tree(target_cfg, drafter, spec: StaticSpec):
+    return loop_program(program_parts(target_cfg, drafter, spec))
 
 
 def _headroom(num_speculative_tokens, num_particles, tree=None):
@@ -128,7 +133,7 @@ def configure(options: MethodOptions, drafter) -> MethodOptions:
 
 
 DEFINITION = register_method(MethodDef(name="sd-tree", build=build_sd_tree, needs_draft=True, headroom=_headroom,
-                                    takes_tree=True, configure=configure))
+                                    takes_tree=True, configure=configure, parts=program_parts))
 
 
 @dataclasses.dataclass(frozen=True, repr=False)

@@ -78,8 +78,8 @@ from smcsd.resample import maybe_resample, normalize
 
 from ..drafters import as_drafter, initial_feed
 from .base import Method, check_count, check_real
-from ..runtime.engine import MethodDef, MethodOptions, ProgramInputs, StaticSpec, first_stop_count, is_stop, register_method, verify_call, \
-    write_tokens
+from ..runtime.engine import MethodDef, MethodOptions, ProgramInputs, ProgramParts, StaticSpec, first_stop_count, is_stop, \
+    loop_program, register_method, verify_call, write_tokens
 from .sd import start_drafting
 from ..sampling import process_logits, sample
 
@@ -158,7 +158,7 @@ def weight_increment(lp, lq, alpha):
     return jnp.where(jnp.isnan(inc), -jnp.inf, inc)
 
 
-def program_parts(target_cfg, drafter, spec: StaticSpec):
+def program_parts(target_cfg, drafter, spec: StaticSpec) -> ProgramParts:
     """`(init, cycle, finish)`: the program is `finish(while_loop(live, cycle, init(...)))`.
 
     Exposed separately so tests can run single cycles and inspect the particle state.
@@ -294,7 +294,7 @@ def program_parts(target_cfg, drafter, spec: StaticSpec):
             raw["log_weights"] = lw
         return raw
 
-    return init, cycle, finish
+    return ProgramParts(init, cycle, finish)
 
 
 def take_rows(a, index):
@@ -304,15 +304,7 @@ def take_rows(a, index):
 
 
 def build_smc(target_cfg, drafter, spec: StaticSpec):
-    init, cycle, finish = program_parts(target_cfg, drafter, spec)
-
-    def program(target_params, draft_params, inp: ProgramInputs):
-        state = init(target_params, draft_params, inp)
-        state = jax.lax.while_loop(lambda s: ~jnp.all(s.done),
-                                   lambda s: cycle(target_params, draft_params, inp, s), state)
-        return finish(inp, state)
-
-    return program
+    return loop_program(program_parts(target_cfg, drafter, spec))
 
 
 # Cache headroom: the last cycle writes up to K tokens past max_new_tokens (target: x_0..x_K; the
@@ -342,7 +334,7 @@ def configure(options: MethodOptions, drafter) -> MethodOptions:
 
 DEFINITION = register_method(MethodDef(name="smc", build=build_smc, needs_draft=True, headroom=lambda k, n, tree=None: k,
                                 uses_particles=True, exact=False, resamples=True, pair_draft=pair_proposal,
-                                configure=configure))
+                                configure=configure, parts=program_parts))
 
 
 @dataclasses.dataclass(frozen=True, repr=False)

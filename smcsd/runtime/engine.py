@@ -99,6 +99,37 @@ class MethodDef:
     # (mesh, batch, target, drafter, inputs) -> (meshes, args): a method that places its own arguments (sd-overlap:
     # two device groups); else decode places them on one device or on `mesh` (smcsd.runtime.mesh.place_args)
     place: Callable | None = None
+    # (target_cfg, drafter, StaticSpec) -> ProgramParts: a loop method's init / cycle / finish, which `build` runs
+    # as one program (`loop_program`) and `smcsd.methods.Method.init/step/finish` one cycle at a time; None for a
+    # method that is not one loop (sd-overlap)
+    parts: Callable | None = None
+
+
+class ProgramParts(NamedTuple):
+    """A loop method's program in three parts: `program = finish(while_loop(not all done, cycle, init(...)))`.
+
+    init(target_params, draft_params, inputs) -> state   (prefill, first token; `state.done` is bool[B] or [R])
+    cycle(target_params, draft_params, inputs, state) -> state   (one target call and what it commits)
+    finish(inputs, state) -> the program's output dict (tokens, lengths, stats; as `decode` unpacks it)
+
+    The compiled program (`loop_program`) and a caller stepping through cycles (`smcsd.methods.Method.step`) run
+    the same three functions."""
+
+    init: Callable
+    cycle: Callable
+    finish: Callable
+
+
+def loop_program(parts: ProgramParts) -> Callable:
+    """The whole decode as one pure function: init, cycles in a `lax.while_loop` until every row is done, finish."""
+
+    def program(target_params, draft_params, inp: ProgramInputs):
+        state = parts.init(target_params, draft_params, inp)
+        state = jax.lax.while_loop(lambda s: ~jnp.all(s.done),
+                                   lambda s: parts.cycle(target_params, draft_params, inp, s), state)
+        return parts.finish(inp, state)
+
+    return program
 
 
 METHODS: dict[str, MethodDef] = {}
@@ -246,6 +277,7 @@ def split_key(key, num: int = 2):
     return jax.random.split(key, num)
 
 
-__all__ = ["KVCache", "METHODS", "MethodDef", "MethodOptions", "ProgramInputs", "StaticSpec", "bucket", "clear_compile_cache",
+__all__ = ["KVCache", "METHODS", "MethodDef", "MethodOptions", "ProgramInputs", "ProgramParts", "StaticSpec", "bucket",
+           "loop_program", "clear_compile_cache",
            "compiled_program", "compiled_programs", "first_stop_count", "hidden_concat", "is_stop", "prefill",
            "register_method", "release_programs", "verify_call", "write_tokens"]

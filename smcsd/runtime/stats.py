@@ -140,3 +140,31 @@ def finish_stats(stats: DecodeStats, raw: dict, lengths: np.ndarray) -> DecodeSt
     if stats.wall_time_s > 0:
         stats.tokens_per_s = stats.num_generated_tokens / stats.wall_time_s
     return stats
+
+
+def unpack_result(raw, spec, target, compile_s: float = 0.0, wall: float = 0.0) -> DecodeResult:
+    """A program's raw output (tokens, lengths, stats; on the host) as the `DecodeResult` `decode` returns, for the
+    `StaticSpec` it ran with and its target `LanguageModel` (whose tokenizer decodes the texts)."""
+    tokens_arr = np.asarray(raw["tokens"])
+    lengths = np.asarray(raw["lengths"])
+    tokens = [tokens_arr[b, :lengths[b]].tolist() for b in range(spec.batch)]
+    tok = target.tokenizer
+    texts = [tok.decode(t) for t in tokens] if tok is not None else None
+    stats = DecodeStats(method=spec.method, batch_size=spec.batch, num_prefill_calls=1, wall_time_s=wall,
+                        compile_time_s=compile_s, cache_len=spec.cache_len)
+    stats = finish_stats(stats, raw.get("stats", {}), lengths)
+    for name in ("ess_per_cycle", "resampled_per_cycle", "log_z", "all_weights_neg_inf"):
+        if name in raw.get("stats", {}):
+            value = np.asarray(raw["stats"][name])
+            if name in ("ess_per_cycle", "resampled_per_cycle"):  # fixed-size buffers: keep the cycles run
+                value = value[:int(np.asarray(raw["stats"].get("num_target_calls", len(value))))]
+            setattr(stats, name, value.tolist())
+    if "num_resamples" in raw.get("stats", {}):
+        stats.num_resamples = int(np.asarray(raw["stats"]["num_resamples"]).sum())
+        stats.num_particles = int(spec.num_particles)
+    particles = log_weights = None
+    if spec.return_particles and "particles" in raw:
+        p_tok, p_len = np.asarray(raw["particles"]), np.asarray(raw["particle_lengths"])
+        particles = [[p_tok[b, i, :p_len[b, i]].tolist() for i in range(p_tok.shape[1])] for b in range(spec.batch)]
+        log_weights = np.asarray(raw["log_weights"])
+    return DecodeResult(tokens=tokens, texts=texts, stats=stats, particles=particles, log_weights=log_weights)
