@@ -131,6 +131,16 @@ class Method:
         return unpack_result(raw, prepared.spec, prepared.target)
 
 
+@dataclasses.dataclass(frozen=True, repr=False)
+class ChainMethod(Method):
+    """A method whose one option is K, the draft tokens per cycle (`SD`, `Flex`, `SDOverlap`)."""
+
+    num_speculative_tokens: int | None = None  # K, draft tokens per cycle (None: the pair's default)
+
+    def __post_init__(self):
+        check_count(type(self).__name__, "num_speculative_tokens", self.num_speculative_tokens)
+
+
 _STEPPERS: dict = {}  # (method, target config, drafter, spec) -> jitted (init, cycle, finish)
 
 
@@ -147,4 +157,4 @@ def merge_options(method: Method, given: dict, defaults: dict) -> dict:
     return merged
 
 
-__all__ = ["Method", "check_count", "check_real", "merge_options"]
+__all__ = ["ChainMethod", "Method", "check_count", "check_real", "merge_options"]

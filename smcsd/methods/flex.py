@@ -43,7 +43,7 @@ from smcsd.models import forward_cached, init_cache
 from smcsd.drafters.flex import draft_logits, forward_flex
 from smcsd.models.transformer import layers_unstacked
 
-from .base import Method, check_count
+from .base import ChainMethod
 from ..runtime.engine import MethodDef, ProgramParts, StaticSpec, loop_program, register_method
 from ..sampling import process_logits, sample
 from ..runtime.engine import is_stop
@@ -254,11 +254,7 @@ DEFINITION = register_method(MethodDef(
 
 
 @dataclasses.dataclass(frozen=True, repr=False)
-class Flex(Method):
+class Flex(ChainMethod):
     """`flex`: FlexDraft's exact one-model drafting, `num_speculative_tokens` per cycle (its adapters' cap)."""
 
     name: ClassVar[str] = "flex"
-    num_speculative_tokens: int | None = None  # K, draft tokens per cycle (None: the pair's default)
-
-    def __post_init__(self):
-        check_count("Flex", "num_speculative_tokens", self.num_speculative_tokens)

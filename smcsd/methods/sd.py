@@ -26,7 +26,7 @@ import jax.numpy as jnp
 from smcsd.models import KVCache
 
 from ..drafters import as_drafter, initial_feed
-from .base import Method, check_count
+from .base import ChainMethod
 from ..runtime.engine import MethodDef, ProgramInputs, ProgramParts, StaticSpec, first_stop_count, is_stop, loop_program, \
     prefill, register_method, verify_call, write_tokens
 from ..sampling import process_logits, sample
@@ -201,11 +201,7 @@ DEFINITION = register_method(MethodDef(name="sd", build=build_sd, needs_draft=Tr
 
 
 @dataclasses.dataclass(frozen=True, repr=False)
-class SD(Method):
+class SD(ChainMethod):
     """`sd`: exact speculative decoding with one chain of `num_speculative_tokens` drafts per cycle."""
 
     name: ClassVar[str] = "sd"
-    num_speculative_tokens: int | None = None  # K, draft tokens per cycle (None: the pair's default)
-
-    def __post_init__(self):
-        check_count("SD", "num_speculative_tokens", self.num_speculative_tokens)

@@ -54,7 +54,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 from smcsd.models.sharding import DATA, MODEL, axis_size, layout, param_specs, put
 
 from ..drafters import as_drafter
-from .base import Method, check_count
+from .base import ChainMethod
 from ..runtime.engine import MethodDef, ProgramInputs, StaticSpec, prefill, register_method
 from .sd import SDState, finish_cycle, headroom, initial_state, program_result, verify_chain
 
@@ -453,11 +453,7 @@ DEFINITION = register_method(MethodDef(name="sd-overlap", build=_build, needs_dr
 
 
 @dataclasses.dataclass(frozen=True, repr=False)
-class SDOverlap(Method):
+class SDOverlap(ChainMethod):
     """`sd-overlap`: MineDraft's `sd` with drafting overlapped with verification on two device groups."""
 
     name: ClassVar[str] = "sd-overlap"
-    num_speculative_tokens: int | None = None  # K, draft tokens per cycle (None: the pair's default)
-
-    def __post_init__(self):
-        check_count("SDOverlap", "num_speculative_tokens", self.num_speculative_tokens)
