@@ -678,6 +678,42 @@ def test_eagle_loss_carries_the_renyi_term():
     assert lk > 1e-3 and lm >= 1.5 * lk - 1e-5, (lm, lk)
 
 
+def test_eagle_loss_temperature_checks_its_argument():
+    from smcsd.train.eagle import eagle_loss
+    cfg = eagle(deep_target(), DraftVocab.from_ids(VOCAB, 6)).eagle_config
+    for bad in (0.0, -0.7, float("inf"), float("nan")):
+        with pytest.raises(ValueError, match="temperature must be a finite number > 0"):
+            eagle_loss(cfg, 2, 0.8, 0.1, 1.0, False, 1.0, 2.0, bad)
+    with pytest.raises(TypeError, match="temperature must be a Python number"):
+        eagle_loss(cfg, 2, 0.8, 0.1, 1.0, False, 1.0, 2.0, "0.7")
+
+
+@pytest.mark.slow  # default-run budget: two loss programs compiled
+def test_eagle_loss_at_a_temperature_compares_the_tempered_pair():
+    """At τ the loss is the τ = 1 loss of the tempered pair: the teacher's log-probs / τ (renormalised on the kept
+    top-k) against the drafter's logits / τ, which a head scaled by 1/τ produces. A wrong tempering (one side only,
+    or none) changes the value, so the comparison can fail."""
+    import jax.tree_util as jtu
+    from smcsd.train.eagle import eagle_loss
+    target = deep_target()
+    v = DraftVocab.from_ids(VOCAB, 6)
+    d = eagle(target, v)
+    tokens = jnp.asarray(np.random.default_rng(3).integers(0, 6, (2, 10)), jnp.int32)
+    hid = hidden_of(target, d, tokens)
+    lp = jax.nn.log_softmax(jnp.asarray(np.random.default_rng(4).normal(0, 2, (2, 10, 4)), jnp.float32), -1)
+    batch = {"tokens": tokens, "hidden": hid, "topk_ids": jnp.broadcast_to(jnp.asarray(v.draft_to_target), (2, 10, 4)),
+             "topk_logp": lp, "embed": d.shared["embed"], "t2d": jnp.asarray(v.target_to_draft)}
+    tau = 0.7
+    hot = jax.jit(eagle_loss(d.eagle_config, 2, 0.8, 0.0, 0.5, False, 1.0, 1.5, tau))
+    cold = jax.jit(eagle_loss(d.eagle_config, 2, 0.8, 0.0, 0.5, False, 1.0, 1.5))
+    scaled = jtu.tree_map_with_path(
+        lambda path, x: x / tau if any(getattr(k, "key", None) == "lm_head" for k in path) else x, d.params)
+    got = float(hot(d.params, batch)[0])
+    want = float(cold(scaled, {**batch, "topk_logp": lp / tau})[0])
+    assert abs(got - want) <= 1e-5 * max(1.0, abs(want)), (got, want)
+    assert abs(got - float(cold(d.params, batch)[0])) > 1e-3  # the temperature matters on this batch
+
+
 def test_a_pairs_smc_proposal_may_be_an_eagle_head(tmp_path, monkeypatch):
     """`smcsd.pairs`' "smc-proposal" entry loads an EAGLE-3 checkpoint as an `EagleDrafter` bound to the target (and
     an AR checkpoint as a `LanguageModel`, as before): a Rényi-trained EAGLE head can ship as a pair's proposal."""

@@ -80,6 +80,8 @@ def main(argv=None):
                     help="weight of a Rényi-α term D_α(p̃ ‖ q) per unrolled step (a proposal trained for smc; with "
                          "--kl-weight it is the Rényi + KL mix, e.g. --renyi-weight 1 --alpha 1.5 --kl-weight 0.5)")
     ap.add_argument("--alpha", type=float, default=2.0, help="the Rényi order (> 1; 2: log(1 + χ²))")
+    ap.add_argument("--temperature", type=float, default=1.0,
+                    help="compare the target and the drafter both tempered at τ (a proposal for smc at T=0.7: 0.7)")
     ap.add_argument("--data-seed", type=int, default=0,
                     help="order of the training rows (epoch e visits the permutation drawn from (data-seed, e)); "
                          "a warm-started continuation takes a new one to see rows in a new order")
@@ -118,6 +120,7 @@ def main(argv=None):
                       ttt_rows=args.ttt_rows or None, remat=args.remat, seed=args.seed,
                       lr=args.lr, ce_weight=args.ce_weight, kl_weight=args.kl_weight, topk=args.topk,
                       renyi_weight=args.renyi_weight, alpha=args.alpha,
+                      temperature=args.temperature,
                       cache_dir=None if args.no_teacher_cache else train_cli.teacher_cache_dir(args),
                       **train_cli.loop_kwargs(args, tag, out, report.command(__file__, argv), ckpt_dir=args.ckpt_dir))
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2 ** 20  # KiB -> GiB (Linux)

@@ -227,7 +227,7 @@ def _all_rows(batch):
 @functools.lru_cache(maxsize=16)
 def eagle_loss(config: EagleConfig, steps: int, step_decay: float = 0.8, ce_weight: float = 0.1,
                kl_weight: float = 1.0, remat: bool = False, renyi_weight: float = 0.0,
-               alpha: float = 2.0) -> Callable:
+               alpha: float = 2.0, temperature: float = 1.0) -> Callable:
     """loss_fn(net_params, batch) -> (loss, aux) for `train`: the training-time-test loss of the module docstring.
 
     batch: `tokens [B, T]`, `hidden [B, T, 3H]`, `topk_ids` / `topk_logp [B, T, k]` (a `TeacherStream` batch), the
@@ -236,18 +236,24 @@ def eagle_loss(config: EagleConfig, steps: int, step_decay: float = 0.8, ce_weig
     row; step 1 always covers every row). remat: run each step's head and loss under `jax.checkpoint` (no
     `[B, rows, V′]` logits kept per step for the backward pass, at the cost of recomputing them).
     renyi_weight > 0 adds renyi_weight · D_α(p̃ ‖ q) per step (`_renyi_terms`; α > 1, default 2: the χ² objective of a
-    proposal trained for `smc`, issue "Proposals trained for SMC"); with kl_weight it is the Rényi + KL mix."""
+    proposal trained for `smc`, issue "Proposals trained for SMC"); with kl_weight it is the Rényi + KL mix.
+    temperature τ: every divergence compares the tempered pair, softmax(log p_T / τ) (renormalised on the kept top-k)
+    against softmax(head logits / τ), which is what `smc` at temperature τ proposes from and weighs against (a
+    proposal for T = 0.7 trains at τ = 0.7); greedy agreement does not depend on it."""
     if steps < 1:
         raise ValueError(f"ttt_steps must be >= 1, got {steps}")
-    from .losses import check_alpha, check_weights
+    from .losses import check_alpha, check_temperature, check_weights
     check_weights(ce_weight=ce_weight, kl_weight=kl_weight, renyi_weight=renyi_weight)
     if renyi_weight:
         alpha = check_alpha("eagle_loss", alpha)
+    tau = check_temperature("eagle_loss", temperature)
     w = np.asarray([step_decay ** k for k in range(steps)], np.float32)
     w = w / w.sum()
 
     def per_step(net_params, a, ids, lp, gold, valid, t2d):
         logits = head_logits(config, net_params, a)
+        if tau != 1.0:  # the tempered pair (lp is renormalised on the kept ids in _kept_teacher)
+            logits, lp = logits / tau, lp / tau
         kt = _kept_teacher(logits, ids, lp, t2d)  # shared by the KL and the Rényi term (one log-softmax over V′)
         kl, has, ce, ce_ok, _, agree = _step_terms(logits, ids, lp, gold, t2d, kt)
         m_kl = (valid & has).astype(jnp.float32)
@@ -317,7 +323,7 @@ def train_eagle(target, drafter: EagleDrafter, corpus: TextCorpus | TeacherStrea
                 step_decay: float = 0.8, ttt_rows: int | None = 64, remat: bool = False, seed: int = 0,
                 lr: float = 1e-3, warmup: int | None = None, clip: float = 1.0,
                 weight_decay: float = 0.1, ce_weight: float = 0.1, kl_weight: float = 1.0, topk: int = 32,
-                renyi_weight: float = 0.0, alpha: float = 2.0,
+                renyi_weight: float = 0.0, alpha: float = 2.0, temperature: float = 1.0,
                 cache_dir: str | None = None, ckpt_dir: str | None = None, resume: bool = False,
                 overwrite: bool = False, out: str | None = None, export_dtype: str = "float32",
                 eval_every: int = 100, ckpt_every: int = 100, eval_rows: int | None = 64, progress: bool = True,
@@ -359,7 +365,7 @@ def train_eagle(target, drafter: EagleDrafter, corpus: TextCorpus | TeacherStrea
     frozen = {"embed": pl.shard_frozen({"embed": drafter.shared["embed"]}, target.config)["embed"],
               "t2d": pl.replicate(jnp.asarray(t2d))}
     loss_fn = eagle_loss(config, ttt_steps, float(step_decay), float(ce_weight), float(kl_weight), bool(remat),
-                         float(renyi_weight), float(alpha))
+                         float(renyi_weight), float(alpha), float(temperature))
     T, n = corpus.seq_len, corpus.batch_size
     if ttt_rows is not None and (isinstance(ttt_rows, bool) or not isinstance(ttt_rows, int) or ttt_rows < 1):
         raise ValueError(f"ttt_rows must be an int >= 1 (positions per sequence for steps 2..K) or None, got "
@@ -395,6 +401,8 @@ def train_eagle(target, drafter: EagleDrafter, corpus: TextCorpus | TeacherStrea
             "step_decay": step_decay, "ce_weight": ce_weight, "kl_weight": kl_weight, "topk": stream.topk}
     if renyi_weight:  # only then (a run without the term keeps the settings, so its checkpoints still resume)
         meta.update(renyi_weight=float(renyi_weight), alpha=float(alpha))
+    if temperature != 1.0:  # likewise
+        meta.update(temperature=float(temperature))
     name = getattr(target, "name", "target")
     t0 = time.time()
     res = train(loss_fn, drafter.params, batches, steps=steps, lr=lr, warmup=warmup, clip=clip,

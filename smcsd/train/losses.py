@@ -256,6 +256,15 @@ def check_alpha(fn: str, alpha) -> float:
     return alpha
 
 
+def check_temperature(fn: str, temperature) -> float:
+    """The temperature τ both distributions of a divergence are processed at: a finite Python number > 0."""
+    t = _static_float(fn, "temperature", temperature)
+    if not (t > 0 and math.isfinite(t)):
+        raise ValueError(f"{fn}: temperature must be a finite number > 0 (the temperature smc will propose at, e.g. "
+                         f"0.7), got {temperature!r}")
+    return t
+
+
 def _check_same_vocab(fn: str, target_logp, draft_logits) -> None:
     if target_logp.ndim == 0 or draft_logits.ndim == 0:
         raise ValueError(f"{fn}: target_logp and draft_logits must have a vocabulary axis (the last), got shapes "
