@@ -229,6 +229,18 @@ def test_fidelity_quick(tmp_path):
     for r in rows:
         assert r["mean_logp"] < 0 and r["mean_logp_ci"] > 0 and 0 < r["mean_length"] <= 16
     assert rows[1]["logp_minus_ar"] == pytest.approx(rows[1]["mean_logp"] - rows[0]["mean_logp"])
+    for r in rows:
+        assert 0 < r["distinct_1"] <= 1 and 0 < r["distinct_2"] <= 1 and r["tokens_per_target_call"] >= 1
+    assert rows[0]["mean_ess_fraction"] is None and 0 < rows[1]["mean_ess_fraction"] <= 1
+    assert 0 <= rows[1]["resample_rate"] <= 1
+
+
+def test_distinct_n_counts_repeated_ngrams():
+    from experiments.studies.fidelity import distinct_n
+    assert distinct_n([[1, 2, 3, 4]], 1) == 1.0 and distinct_n([[1, 1, 1, 1]], 1) == 0.25
+    assert distinct_n([[1, 2, 1, 2, 1]], 2) == 0.5  # bigrams 12 21 12 21: two distinct of four
+    assert distinct_n([[1, 2, 3], [5, 5, 5]], 2) == pytest.approx((1.0 + 0.5) / 2)
+    assert distinct_n([[7]], 2) != distinct_n([[7]], 2)  # no bigram anywhere: NaN, not a made-up value
 
 
 @pytest.mark.slow  # ~40 s; default-run budget

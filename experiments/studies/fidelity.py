@@ -12,6 +12,11 @@ target's processed distribution at the decoding temperature (the law `ar` sample
 prompt + output. CIs: mean ± 1.96 standard errors over outputs (outputs of one prompt share it, so per-prompt
 means are also reported; the table's CI treats outputs as independent). Prompts: tiny-arith's held-out test
 problems, or SmolLM2 chat requests outside its drafters' corpus. Writes JSON (--out) and prints a table.
+
+Beside quality, each row carries diversity (distinct-1 / distinct-2: the share of an output's n-grams that are
+distinct, averaged over outputs; finite-N smc is sharper than p_T, which shows here as lower values than ar's) and,
+for smc, how its weights behaved (mean ESS/N, resampling rate; docs/smc_proposals.md, "Reading an smc run") and the
+tokens per target call.
 """
 
 from __future__ import annotations
@@ -30,6 +35,16 @@ def ci95(values) -> tuple[float, float]:
     if len(values) < 2:
         return m, float("nan")
     return m, 1.96 * statistics.stdev(values) / math.sqrt(len(values))
+
+
+def distinct_n(outputs, n: int) -> float:
+    """Mean over outputs (with at least n tokens) of |distinct n-grams| / |n-grams| (1: no n-gram repeats)."""
+    vals = []
+    for o in outputs:
+        grams = [tuple(o[i:i + n]) for i in range(len(o) - n + 1)]
+        if grams:
+            vals.append(len(set(grams)) / len(grams))
+    return statistics.fmean(vals) if vals else float("nan")
 
 
 def score(target, prompts, outputs, temperature):
@@ -91,7 +106,7 @@ def main(argv=None):
     rows, body = [], []
     ar_mean = None
     for method, n in cells:
-        outs, src = [], []
+        outs, src, ess, rate, tpc = [], [], [], [], []
         for s in range(args.samples):
             kw = dict(target=target, method=method, temperature=args.temperature, max_new_tokens=args.max_new_tokens,
                       seed=1000 * s + 7, eos_id=stops)
@@ -99,6 +114,10 @@ def main(argv=None):
                 kw.update(draft=drafter, num_particles=n, num_speculative_tokens=args.k,
                           ess_threshold=args.ess_threshold)
             res = smcsd.decode(prompts, **kw)
+            if method == "smc":
+                ess.append(res.stats.mean_ess_fraction)
+                rate.append(res.stats.resample_rate)
+            tpc.append(res.stats.tokens_per_target_call)
             outs += res.tokens
             src += prompts
         scored = score(target, src, outs, args.temperature)
@@ -113,13 +132,21 @@ def main(argv=None):
         ar_mean = m if method == "ar" else ar_mean
         row = dict(method=method, N=n if method == "smc" else None, outputs=len(outs), mean_logp=m, mean_logp_ci=h,
                    per_prompt_mean_logp=pm, per_prompt_ci=ph, mean_length=lm, mean_length_ci=lh,
-                   logp_minus_ar=None if method == "ar" else m - ar_mean)
+                   logp_minus_ar=None if method == "ar" else m - ar_mean,
+                   distinct_1=distinct_n(outs, 1), distinct_2=distinct_n(outs, 2),
+                   tokens_per_target_call=statistics.fmean(tpc),
+                   mean_ess_fraction=statistics.fmean(ess) if ess else None,
+                   resample_rate=statistics.fmean(rate) if rate else None)
         rows.append(row)
         body.append(["ar" if method == "ar" else f"smc N={n}", len(outs), f"{m:.3f} ± {h:.3f}",
-                     "–" if method == "ar" else f"{m - ar_mean:+.3f}", f"{pm:.3f} ± {ph:.3f}", f"{lm:.1f} ± {lh:.1f}"])
+                     "–" if method == "ar" else f"{m - ar_mean:+.3f}", f"{pm:.3f} ± {ph:.3f}", f"{lm:.1f} ± {lh:.1f}",
+                     f"{row['distinct_1']:.3f} / {row['distinct_2']:.3f}",
+                     "–" if method == "ar" else f"{row['mean_ess_fraction']:.2f} / {row['resample_rate']:.2f}",
+                     f"{row['tokens_per_target_call']:.2f}"])
         print(report.markdown_row(body[-1]), flush=True)
     table = report.markdown_table(["method", "outputs", "mean log p_T / token (95 % CI)", "vs ar",
-                                   "per-prompt means (95 % CI)", "length (95 % CI)"], body)
+                                   "per-prompt means (95 % CI)", "length (95 % CI)", "distinct-1 / -2",
+                                   "ESS/N / resample rate", "tokens / target call"], body)
     print(table)
     result = report.new_result(
         "smcsd.fidelity/1", machine=report.machine_info(), pair=args.pair,
