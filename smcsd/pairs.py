@@ -54,12 +54,16 @@ def _load_model(pair: str, name: str, target):
     """An AR drafter: the shipped toy's own draft, else a `LanguageModel` checkpoint sharing the target's tokenizer."""
     if name == "ar" and pair not in FETCHABLE:
         return _load_target_pair(pair)[1]
-    model = load_model_dir(drafter_dir(pair, name), name=f"{pair}/{name}")
+    return _model_dir(drafter_dir(pair, name), f"{pair}/{name}", target, pair in FETCHABLE)
+
+
+def _model_dir(path: str, name: str, target, cast: bool):
+    model = load_model_dir(path, name=name)
     model = dataclasses.replace(model, tokenizer=target.tokenizer)  # one vocabulary: the target's tokenizer
     if model.config.vocab_size != target.config.vocab_size:
-        raise ValueError(f"shipped drafter {pair}/{name} has vocab_size {model.config.vocab_size}, the target "
-                         f"{target.config.vocab_size}: the checkpoint does not belong to this pair")
-    if pair in FETCHABLE and model.config.dtype != target.config.dtype:
+        raise ValueError(f"drafter {name} has vocab_size {model.config.vocab_size}, the target "
+                         f"{target.config.vocab_size}: the checkpoint does not belong to this target")
+    if cast and model.config.dtype != target.config.dtype:
         model = model.astype(target.config.dtype)
     return model
 
@@ -67,12 +71,23 @@ def _load_model(pair: str, name: str, target):
 def _load_proposal(pair: str, name: str, target):
     """A pair's SMC proposal: an AR `LanguageModel` fine-tuned for smc, or an EAGLE-3 head (its config.json names the
     EAGLE architecture) trained with a Rényi objective (`experiments/train/eagle.py --renyi-weight`)."""
+    return load_proposal_dir(drafter_dir(pair, name), target, name=f"{pair}/{name}")
+
+
+def load_proposal_dir(path: str, target, name: str | None = None):
+    """A drafter checkpoint directory that is not (yet) shipped, e.g. a proposal a training run wrote: an EAGLE-3
+    head (its config.json names the EAGLE architecture) as an `EagleDrafter`, else an AR `LanguageModel` sharing the
+    target's tokenizer; bound to / checked against `target` (a checkpoint of another vocabulary raises)."""
     import json
-    with open(os.path.join(drafter_dir(pair, name), "config.json")) as f:
+    cfg = os.path.join(str(path), "config.json")
+    if not os.path.isfile(cfg):
+        raise ValueError(f"{path!r} is not a drafter checkpoint directory (it has no config.json)")
+    name = name or os.path.basename(os.path.normpath(str(path)))
+    with open(cfg) as f:
         arch = json.load(f).get("architectures") or []
     if any("Eagle" in a for a in arch):
-        return _loader(EagleDrafter)(pair, name, target)
-    return _load_model(pair, name, target)
+        return EagleDrafter.load(str(path), dtype=target.config.dtype, name=name).bind(target)
+    return _model_dir(str(path), name, target, cast=True)
 
 
 def _loader(cls, **kw):

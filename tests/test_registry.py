@@ -168,3 +168,25 @@ def test_pair_loads_a_shipped_eagle_drafter(tmp_path, monkeypatch):
                        max_new_tokens=12, temperature=0.0)
     ref = smcsd.decode("def f(x):", target=target, method="ar", max_new_tokens=12, temperature=0.0)
     assert res.tokens == ref.tokens and res.stats.num_drafts > 0
+
+
+def test_a_proposal_directory_loads_against_a_target(tmp_path):
+    """`smcsd.pairs.load_proposal_dir`: a checkpoint a training run wrote (not shipped) loads by what its config.json
+    names: an EAGLE-3 head as a bound EagleDrafter, an AR model as a LanguageModel with the target's tokenizer; a
+    directory without a config, or a model of another vocabulary, is a clear error."""
+    import dataclasses
+    from smcsd import pairs
+    from smcsd.drafters import EagleDrafter
+    from smcsd.models.shipped import load_model_dir
+    target, draft = smcsd.load("tiny-code")
+    EagleDrafter.create(target, seed=3).save(str(tmp_path / "eagle"))
+    got = pairs.load_proposal_dir(str(tmp_path / "eagle"), target)
+    assert isinstance(got, EagleDrafter) and got.name == "eagle"
+    ar = pairs.load_proposal_dir(pairs.drafter_dir("tiny-code", "ar-distilled"), target, name="mine")
+    ref = load_model_dir(pairs.drafter_dir("tiny-code", "ar-distilled"))
+    assert ar.name == "mine" and ar.tokenizer is target.tokenizer and ar.config == ref.config
+    with pytest.raises(ValueError, match="no config.json"):
+        pairs.load_proposal_dir(str(tmp_path), target)
+    other = dataclasses.replace(target, config=dataclasses.replace(target.config, vocab_size=target.config.vocab_size + 1))
+    with pytest.raises(ValueError, match="does not belong to this target"):
+        pairs.load_proposal_dir(pairs.drafter_dir("tiny-code", "ar-distilled"), other)

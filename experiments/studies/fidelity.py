@@ -88,6 +88,9 @@ def main(argv=None):
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--pair", default="tiny-arith", choices=["tiny-arith", "tiny-code", "smollm2-135m"])
     ap.add_argument("--drafter", default=None, help="a drafter of the pair (default: its default)")
+    ap.add_argument("--drafter-dir", default=None,
+                    help="a drafter checkpoint directory instead (an AR model or an EAGLE-3 head a training run "
+                         "wrote, e.g. a proposal before it ships)")
     ap.add_argument("--n", type=int, nargs="+", default=[2, 4, 8, 16, 64])
     ap.add_argument("--k", type=int, default=3)
     ap.add_argument("--ess-threshold", type=float, default=0.5)
@@ -100,7 +103,14 @@ def main(argv=None):
 
     import smcsd
 
-    target, drafter = smcsd.load(args.pair, drafter=args.drafter) if args.drafter else smcsd.load(args.pair)
+    if args.drafter_dir:
+        if args.drafter:
+            ap.error("give --drafter or --drafter-dir, not both")
+        from smcsd.pairs import load_proposal_dir
+        target = smcsd.load(args.pair)[0]
+        drafter = load_proposal_dir(args.drafter_dir, target)
+    else:
+        target, drafter = smcsd.load(args.pair, drafter=args.drafter) if args.drafter else smcsd.load(args.pair)
     prompts, stops = load_prompts(args.pair, target, args.prompts)
     cells = [("ar", 1)] + [("smc", n) for n in args.n]
     rows, body = [], []
