@@ -10,6 +10,11 @@ split over "model"), ~1e-7 relative per step; measured over 20 AdamW steps 3e-7 
 two processes vs one 1e-7..3e-7. The bound, 1e-4 (the issue's), leaves two orders of magnitude of margin while a real
 fault - a row fed twice or not at all, anchors or teacher outputs paired with the wrong rows, a shard of the frozen
 target dropped, an optimiser state not restored - moves the losses by 1e-3 to 1e-1.
+Held-out metrics after training (EVAL_TOL, 1e-3) get a looser bound: AdamW at lr 1e-2 turns a reassociation-sized
+difference in a near-zero gradient element into an lr-sized weight difference (g / sqrt(v) keeps only its sign), and
+the held-out acceptance rates are small numbers (~0.05) whose relative error that inflates; one CI machine measured
+1.7e-4 there while the training losses stayed inside 1e-4. The training-loss checks above still catch every fault
+listed, so the eval bound only guards the mesh code path of evaluation itself.
 """
 
 from __future__ import annotations
@@ -31,6 +36,7 @@ from smcsd.train import Placement, TextCorpus, distill_ar_drafter, draft_config_
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 TOL = 1e-4
+EVAL_TOL = 1e-3
 
 
 def _env():
@@ -105,7 +111,7 @@ def test_mesh_runs_match_one_device(single):
     for run, ref in ((ar, ar1), (bl, bl1)):  # held-out metrics at steps 0, 10, 20, computed on the mesh too
         assert [e["step"] for e in run["eval"]] == [0, 10, 20]
         for e, e1 in zip(run["eval"], ref["eval"]):
-            assert rel([e[k] for k in e1 if k != "step"], [e1[k] for k in e1 if k != "step"]) <= TOL
+            assert rel([e[k] for k in e1 if k != "step"], [e1[k] for k in e1 if k != "step"]) <= EVAL_TOL
     assert ar1["loss"][-1] < 0.9 * ar1["loss"][0] and bl1["loss"][-1] < 0.9 * bl1["loss"][0]  # they do train
     # the teacher stream on its own mesh (4x2), the drafter step on all devices (8x1)
     assert rel(single["block_teacher_4x2_step_8x1"]["loss"], bl1["loss"]) <= TOL
