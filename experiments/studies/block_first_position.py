@@ -2,6 +2,7 @@
 token, on held-out prompts and on the target's own greedy continuations of them.
 
     python -m experiments.studies.block_first_position --pair tiny-code --drafter dflash-dpace --ar ar-distilled
+    python -m experiments.studies.block_first_position --drafter-dir /tmp/dflash-run --out /tmp/bfp.json
 
 For each prompt the target continues greedily (`ar`, T=0, --max-new-tokens); on the prompt alone and on prompt +
 continuation, the target runs once teacher-forced (hidden states of the drafter's layers) and the block drafter
@@ -26,6 +27,8 @@ def main(argv=None) -> int:
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--pair", default="tiny-code")
     ap.add_argument("--drafter", default="dflash-dpace", help="a block drafter of the pair")
+    ap.add_argument("--drafter-dir", default=None,
+                    help="a block drafter checkpoint directory (DFlashDrafter.save) measured instead of --drafter")
     ap.add_argument("--ar", default="ar-distilled", help="the AR draft to compare with")
     ap.add_argument("--prompts", type=int, default=8)
     ap.add_argument("--max-new-tokens", type=int, default=96)
@@ -43,6 +46,10 @@ def main(argv=None) -> int:
     from smcsd.train.dflash import block_train_logits
 
     target, block = smcsd.load(args.pair, args.drafter)
+    if args.drafter_dir:
+        from smcsd.drafters import DFlashDrafter
+        block = DFlashDrafter.load(args.drafter_dir, dtype=target.config.dtype).bind(target)
+        args.drafter = block.name
     _, ar = smcsd.load(args.pair, args.ar)
     if getattr(block, "block_config", None) is None:
         raise SystemExit(f"--drafter {args.drafter} is not a block drafter of {args.pair}")
