@@ -104,7 +104,7 @@ SD_PROMPT, SD_LENGTH, SD_K = (0, 1, 2, 0, 1), 3, 2
 
 @pytest.mark.parametrize("method,floor,setting", [
     ("sd", 0.2, dict(temperature=1.0)),
-    ("sd-multi", 0.2, dict(temperature=0.7, top_k=3)),
+    pytest.param("sd-multi", 0.2, dict(temperature=0.7, top_k=3), marks=pytest.mark.slow),  # default-run budget
 ])
 def test_prompt_lookup_is_exact(method, floor, setting):
     """Outputs of sd / sd-multi with PromptLookup match the enumerated p_T (20k samples, chi-square): the

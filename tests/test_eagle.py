@@ -183,7 +183,7 @@ def _outside_mass(target, **setting):
 
 @pytest.mark.parametrize("method,setting,vocab", [
     ("sd", dict(temperature=1.0), True),
-    ("sd-multi", dict(temperature=0.7, top_k=3), True),
+    pytest.param("sd-multi", dict(temperature=0.7, top_k=3), True, marks=pytest.mark.slow),  # default-run budget
     pytest.param("sd", dict(temperature=0.7, top_p=0.9), False, marks=pytest.mark.slow),
     pytest.param("sd-multi", dict(temperature=1.0), False, marks=pytest.mark.slow),
 ])

@@ -34,9 +34,9 @@ def test_every_registered_method_has_its_value_class():
 @pytest.mark.parametrize("value, keywords", [
     (AR(), {"method": "ar"}),
     (SD(num_speculative_tokens=3), {"method": "sd", "num_speculative_tokens": 3}),
-    (SDMulti(num_speculative_tokens=2, num_particles=3), {"method": "sd-multi", "num_speculative_tokens": 2,
-                                                          "num_particles": 3}),
-    (SDTree(tree="2,1"), {"method": "sd-tree", "tree": "2,1"}),
+    pytest.param(SDMulti(num_speculative_tokens=2, num_particles=3),  # default-run budget: SD and SMC stay
+                 {"method": "sd-multi", "num_speculative_tokens": 2, "num_particles": 3}, marks=pytest.mark.slow),
+    pytest.param(SDTree(tree="2,1"), {"method": "sd-tree", "tree": "2,1"}, marks=pytest.mark.slow),
     (SMC(num_particles=4, num_speculative_tokens=2, ess_threshold=0.7, resampler="multinomial", alpha=1.5,
          select="argmax"),
      {"method": "smc", "num_particles": 4, "num_speculative_tokens": 2, "ess_threshold": 0.7,
@@ -130,8 +130,10 @@ def _stepped(value, target, draft, **kw):
     return value.finish(p, state), cycles
 
 
-@pytest.mark.parametrize("value", [AR(), SD(num_speculative_tokens=3), SDMulti(num_speculative_tokens=2, num_particles=2),
-                                   SDTree(tree="2,1"), SMC(num_particles=3, num_speculative_tokens=2)],
+@pytest.mark.parametrize("value", [AR(), SD(num_speculative_tokens=3),
+                                   pytest.param(SDMulti(num_speculative_tokens=2, num_particles=2), marks=pytest.mark.slow),
+                                   pytest.param(SDTree(tree="2,1"), marks=pytest.mark.slow),  # default-run budget
+                                   SMC(num_particles=3, num_speculative_tokens=2)],
                          ids=lambda v: v.name)
 def test_stepping_a_method_cycle_by_cycle_is_its_decode(value):
     # init / step / finish are the functions the compiled while-loop runs: same tokens and statistics for one seed
@@ -143,6 +145,7 @@ def test_stepping_a_method_cycle_by_cycle_is_its_decode(value):
     assert result.stats.num_accepted_tokens == ref.stats.num_accepted_tokens
 
 
+@pytest.mark.slow  # default-run budget (a fresh-clone default lane took 11 min 0 s); CI's slow lane runs it
 def test_stepping_flex():
     from test_flex import flex_drafter
     target, _ = tiny_pair()

@@ -189,6 +189,7 @@ def test_sd_tree_greedy_matches_ar(tree):
     assert st.stats.num_target_calls <= ar.stats.num_target_calls
 
 
+@pytest.mark.slow  # default-run budget (a fresh-clone default lane took 11 min 0 s); CI's slow lane runs it
 def test_greedy_top_children_are_the_drafts_next_best_tokens():
     """At temperature 0 a ':top' tree's children are the drafter's top tokens (ranked by its own distribution, not
     by the one-hot a temperature-0 draft would be), so the second root child is a real token that verification can
