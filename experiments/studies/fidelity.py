@@ -11,7 +11,8 @@ correction at all) it lies below. Both directions are deviations from p_T. Every
 target's processed distribution at the decoding temperature (the law `ar` samples), by one cache-free forward of
 prompt + output. CIs: mean ± 1.96 standard errors over outputs (outputs of one prompt share it, so per-prompt
 means are also reported; the table's CI treats outputs as independent). Prompts: tiny-arith's held-out test
-problems, or SmolLM2 chat requests outside its drafters' corpus. Writes JSON (--out) and prints a table.
+problems, tiny-code's held-out 64-byte code windows (no stop token: every output runs --max-new-tokens), or
+SmolLM2 chat requests outside its drafters' corpus. Writes JSON (--out) and prints a table.
 
 Beside quality, each row carries diversity (distinct-1 / distinct-2: the share of an output's n-grams that are
 distinct, averaged over outputs; finite-N smc is sharper than p_T, which shows here as lower values than ar's) and,
@@ -80,6 +81,13 @@ def load_prompts(pair, target, count):
     if pair == "tiny-arith":
         from experiments import arith_data
         return [target.tokenizer.encode(p.question) for p in arith_data.test_set()[:count]], None
+    if pair == "tiny-code":  # 64-byte windows of the held-out standard-library files (after a BOS, as in training)
+        import numpy as np
+
+        from experiments import code_data
+        data = code_data.CodeData(256)
+        starts = np.random.default_rng(99).integers(0, len(data.heldout) - 64, count)
+        return [[code_data.BOS] + data.heldout[s:s + 64].tolist() for s in starts], []
     return chat_prompts(target, BENCH_PROMPTS[:count]), list(target.tokenizer.end_of_turn_ids)
 
 
