@@ -412,6 +412,61 @@ def test_save_load_round_trip(tmp_path):
         np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=tol, atol=1e-6)
 
 
+def test_cutting_the_draft_vocabulary_keeps_the_head_rows(tmp_path):
+    """`with_draft_vocab` on a smaller vocabulary inside the drafter's own: the cut drafter's logits are the original's
+    at the kept tokens (full -> 4 tokens -> 2 by `DraftVocab.top`, the stop id kept), it saves and loads as such, and
+    a vocabulary with tokens the head has no row for, a non-vocabulary, or a bad cut size are refused by name."""
+    target = deep_target()
+    d = eagle(target)
+    rng = np.random.default_rng(5)
+    seq = jnp.asarray(rng.integers(0, 6, (2, 9)), jnp.int32)
+    hid = hidden_of(target, d, seq)
+
+    def logits(dr):
+        return np.asarray(_unroll(dr.eagle_config, dr.params, dr.drafter_params()["embed"], seq, hid, 2))
+
+    full = logits(d)
+    v4 = DraftVocab.from_ids(VOCAB, 6)
+    d4 = d.with_draft_vocab(v4).bind(target)
+    assert d4.vocab == v4 and d4.eagle_config.draft_vocab_size == 4 and d4.num_params < d.num_params
+    np.testing.assert_allclose(logits(d4), full[..., v4.draft_to_target], atol=1e-5)
+    counts = np.array([1, 0, 9, 7, 0, 2])
+    v2 = v4.top(counts, 2, required_ids=[5])  # the most frequent kept id (2) and the required 5
+    assert v2.draft_to_target.tolist() == [2, 5]
+    d2 = d4.with_draft_vocab(v2)
+    np.testing.assert_allclose(logits(d2), full[..., [2, 5]], atol=1e-5)
+    d2.save(str(tmp_path / "cut"))
+    back = EagleDrafter.load(str(tmp_path / "cut")).bind(target)
+    assert back.vocab == v2 and back.eagle_config.draft_vocab_size == 2
+    np.testing.assert_allclose(logits(back), full[..., [2, 5]], atol=1e-5)
+    assert np.abs(full[..., [2, 5]] - full[..., [0, 2]]).max() > 1e-3  # the test has power: other rows differ
+    with pytest.raises(ValueError, match="no row for"):
+        d2.with_draft_vocab(DraftVocab.from_ids([0, 3], 6))  # 0 and 3 were cut away
+    with pytest.raises(TypeError, match="DraftVocab"):
+        d.with_draft_vocab([0, 2])
+    with pytest.raises(ValueError, match="size"):
+        v4.top(counts, 4)
+    with pytest.raises(ValueError, match="required_ids"):
+        v4.top(counts, 2, required_ids=[1])
+    with pytest.raises(ValueError, match="one count per target id"):
+        v4.top(counts[:5], 2)
+
+
+@pytest.mark.slow  # default-run budget (the cut drafter is an EagleDrafter over a vocabulary: test_eagle_is_exact)
+def test_a_cut_drafter_is_exact():
+    """sd with a drafter cut from the full vocabulary to 4 tokens reproduces the enumerated p_T (20k samples,
+    chi-square), the target putting mass outside the cut vocabulary."""
+    target, _ = tiny_pair(V, SEED)
+    d = eagle(target).with_draft_vocab(_reduced(target))
+    setting = dict(temperature=1.0)
+    assert _outside_mass(target, **setting) > 0.05
+    counts = sample_counts("sd", target, d, PROMPT, LENGTH, 20_000, batch=5000, seed=79, num_speculative_tokens=K,
+                           **setting)
+    probs = exact_distribution(target, PROMPT, LENGTH, **setting)
+    p = chi_square_pvalue(counts, probs)
+    assert p > P_MIN, (p, total_variation(counts, probs))
+
+
 def test_errors(tmp_path):
     target = deep_target()
     with pytest.raises(ValueError, match="target hidden layers \\[5\\]"):

@@ -481,3 +481,24 @@ def test_every_experiments_module_imports_without_running():
     r = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr[-3000:]
     assert float(r.stdout.split()[-1]) < 60, r.stdout
+
+
+@pytest.mark.slow  # loads SmolLM2 (~15 s) and reads the corpus
+def test_cut_eagle_vocab_script_writes_a_smaller_head(tmp_path):
+    """`experiments.train.cut_eagle_vocab` cuts the shipped EAGLE head (4096 tokens) to 2048: the written drafter
+    loads over a vocabulary inside the source's (the stop ids kept) with its training.json's coverage falling."""
+    from smcsd.models.registry import cached_path
+    if cached_path("smollm2-135m") is None:
+        pytest.skip("SmolLM2-135M-Instruct GGUF is not cached: run `smcsd fetch smollm2-135m`")
+    import smcsd
+    from smcsd.drafters import EagleDrafter, stop_ids_of
+    from experiments.train import cut_eagle_vocab
+    out = str(tmp_path / "cut")
+    cut_eagle_vocab.main(["--size", "2048", "--out", out, "--dtype", "float32"])
+    target, source = smcsd.load("smollm2-135m", drafter="eagle")
+    cut = EagleDrafter.load(out).bind(target)
+    assert len(cut.vocab) == 2048 and source.vocab.contains(cut.vocab.draft_to_target)
+    assert cut.vocab.contains(stop_ids_of(target))
+    with open(os.path.join(out, "training.json")) as f:
+        info = json.load(f)
+    assert info["size_before"] == len(source.vocab) and 0.5 < info["answer_coverage"] < info["answer_coverage_before"]

@@ -437,6 +437,29 @@ class EagleDrafter(Drafter):
         """This drafter with other network weights (e.g. trained ones)."""
         return dataclasses.replace(self, params=params)
 
+    def with_draft_vocab(self, vocab: DraftVocab) -> "EagleDrafter":
+        """This drafter over a smaller draft vocabulary inside its own (e.g. `drafter.vocab.top(counts, 8192,
+        required_ids=stop_ids_of(target))`): the head keeps the rows of `vocab`'s tokens, nothing is retrained.
+        A drafter step's cost falls with V′ (the head is most of it, `experiments/bench/draft_vocab_cost.py`); its
+        proposals lose the mass of the dropped tokens. Exactness is unaffected (q = 0 outside the kept tokens)."""
+        if not isinstance(vocab, DraftVocab):
+            raise TypeError(f"vocab must be a smcsd.drafters.DraftVocab, got {type(vocab).__name__}")
+        if self.params is None:
+            raise ValueError("this EagleDrafter has no params to cut")
+        V = self.eagle_config.model.vocab_size
+        if vocab.vocab_size != V:
+            raise ValueError(f"vocab is over {vocab.vocab_size} target ids, this drafter's target has {V}")
+        old = np.arange(V, dtype=np.int32) if self.vocab is None else self.vocab.target_to_draft
+        rows = old[vocab.draft_to_target]
+        if np.any(rows < 0):
+            raise ValueError(f"vocab keeps {int(np.sum(rows < 0))} tokens this drafter's head has no row for (e.g. "
+                             f"{vocab.draft_to_target[rows < 0][:5].tolist()}): cut from its own vocabulary "
+                             "(drafter.vocab.top(counts, size))")
+        params = dict(self.params)
+        params["lm_head"] = jnp.take(jnp.asarray(params["lm_head"]), jnp.asarray(rows), axis=0)
+        config = dataclasses.replace(self.eagle_config, draft_vocab_size=len(vocab))
+        return dataclasses.replace(self, eagle_config=config, params=params, vocab=vocab)
+
     # ------------------------------------------------------------------ checkpoints (EAGLE / SpecForge layout)
     def save(self, path: str, dtype: str = "float32", info: dict | None = None) -> None:
         """`config.json` (LlamaForCausalLMEagle3, with `draft_vocab_size` and `eagle_config.

@@ -107,6 +107,32 @@ class DraftVocab:
         rest = order[~np.isin(order, required)][:size - len(required)]
         return cls(np.concatenate([required, rest]), V, required)
 
+    def top(self, counts, size: int, required_ids: Iterable[int] = ()) -> "DraftVocab":
+        """The `size` most frequent of this vocabulary's kept ids by `counts int[V]` (ties to the smaller id), with
+        `required_ids` (the stop ids) always kept: a smaller vocabulary inside this one, e.g. to cut a trained
+        drafter's head to fewer rows without retraining (`EagleDrafter.with_draft_vocab`)."""
+        counts = np.asarray(counts)
+        if counts.ndim != 1 or len(counts) != self.vocab_size:
+            raise ValueError(f"counts must hold one count per target id ({self.vocab_size}), got shape {counts.shape}")
+        if isinstance(size, bool) or not isinstance(size, (int, np.integer)):
+            raise TypeError(f"size must be an int (V′, the number of kept tokens), got {size!r}")
+        if not 1 <= size < self.size:
+            raise ValueError(f"size (V′) must be in [1, {self.size}) to cut this {self.size}-token vocabulary, got "
+                             f"{size}")
+        required = np.unique(_int_ids("required_ids", required_ids))
+        outside = required[~np.isin(required, self._ids)]
+        if outside.size:
+            raise ValueError(f"required_ids {outside.tolist()} are not in this vocabulary: a cut keeps a subset of it")
+        kept = self._ids
+        sub = counts[kept].astype(np.float64)
+        if np.any(sub < 0):
+            raise ValueError("counts must be >= 0")
+        order = kept[np.lexsort((kept, -sub))]
+        if len(required) > size:
+            raise ValueError(f"size {size} cannot hold the {len(required)} required stop ids {required.tolist()}")
+        rest = order[~np.isin(order, required)][:size - len(required)]
+        return DraftVocab(np.concatenate([required, rest]), self.vocab_size, required)
+
     @classmethod
     def from_ids(cls, ids: Sequence[int], vocab_size: int, required_ids: Iterable[int] = ()) -> "DraftVocab":
         """A user-given set of kept ids (any order; stored increasing); raises ValueError naming the fix if it
