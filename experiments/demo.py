@@ -82,9 +82,9 @@ def main(argv=None):
     print(f"\nspeed-up of {name} over ar on this machine: {tps / ar_tps:.2f}x "
           f"({tps:.1f} vs {ar_tps:.1f} tokens/s, batch {len(shown)})")
     if default_is_ar:
-        print("decode's measured default on this backend is ar itself (none of the pair's drafters pays for itself "
-              "here, so leaving the method out runs ar); docs/benchmarks.md has every method and drafter measured, "
-              "and the accelerator projections.")
+        print("decode's measured default on this backend is ar itself (when the pair's decode_defaults.json was "
+              "measured, no speculative setting beat ar at its temperature, so leaving the method out runs ar); "
+              "docs/benchmarks.md has every method and drafter measured, and the accelerator projections.")
 
 
 if __name__ == "__main__":
