@@ -75,6 +75,12 @@ class CodeData:
         rng = np.random.default_rng(1234)
         return self._windows(self.heldout, rng.integers(0, len(self.heldout) - self.seq_len, n))
 
+    def heldout_prompts(self, count: int, prompt_bytes: int = 64, seed: int = 99) -> list[list[int]]:
+        """`count` prompts of [BOS] + `prompt_bytes` bytes from the held-out files (token ids, as in training): a
+        fixed sample per seed, what the decoded studies start from."""
+        starts = np.random.default_rng(seed).integers(0, len(self.heldout) - prompt_bytes, count)
+        return [[BOS] + self.heldout[s:s + prompt_bytes].tolist() for s in starts]
+
     def describe(self) -> dict:
         return {"source": sysconfig.get_paths()["stdlib"], "train_files": self.num_files[0],
                 "heldout_files": self.num_files[1], "train_bytes": int(len(self.train)),

@@ -90,9 +90,7 @@ def teacher_forced_acceptance(target, draft, rows, temperature: float, batch: in
 def sd_acceptance(target, draft, data, n_prompts: int, k: int, prompt_bytes: int = 64, new: int = 64) -> dict:
     """`sd` (K=k, T=0.7) from held-out prompts: acceptance rate and accepted draft tokens per draft block."""
     import smcsd
-    rng = np.random.default_rng(99)
-    starts = rng.integers(0, len(data.heldout) - prompt_bytes, n_prompts)
-    prompts = [[code_data.BOS] + data.heldout[s:s + prompt_bytes].tolist() for s in starts]  # token ids, as in training
+    prompts = data.heldout_prompts(n_prompts, prompt_bytes)
     res = smcsd.decode(prompts, target=target, draft=draft, method="sd", num_speculative_tokens=k,
                        temperature=0.7, max_new_tokens=new, seed=0, eos_id=[])  # no stop: every row runs `new` tokens
     st = res.stats

@@ -82,12 +82,8 @@ def load_prompts(pair, target, count):
         from experiments import arith_data
         return [target.tokenizer.encode(p.question) for p in arith_data.test_set()[:count]], None
     if pair == "tiny-code":  # 64-byte windows of the held-out standard-library files (after a BOS, as in training)
-        import numpy as np
-
         from experiments import code_data
-        data = code_data.CodeData(256)
-        starts = np.random.default_rng(99).integers(0, len(data.heldout) - 64, count)
-        return [[code_data.BOS] + data.heldout[s:s + 64].tolist() for s in starts], []
+        return code_data.CodeData(256).heldout_prompts(count), []
     return chat_prompts(target, BENCH_PROMPTS[:count]), list(target.tokenizer.end_of_turn_ids)
 
 

@@ -46,7 +46,10 @@ def main(argv=None) -> None:
     vocab = drafter.vocab.top(counts, args.size, required_ids=stop_ids_of(target))
     cut = drafter.with_draft_vocab(vocab)
     info_path = os.path.join(source, "training.json")
-    source_info = json.load(open(info_path)) if os.path.isfile(info_path) else None
+    source_info = None
+    if os.path.isfile(info_path):
+        with open(info_path) as f:
+            source_info = json.load(f)
     info = {"recipe": "cut_eagle_vocab", "source": os.path.relpath(source), "size_before": len(drafter.vocab),
             "size": len(vocab), "answer_coverage_before": drafter.vocab.coverage(counts),
             "answer_coverage": vocab.coverage(counts), "command": report.command(__file__, argv),

@@ -41,6 +41,14 @@ def _check_vocab_size(vocab_size) -> int:
     return int(vocab_size)
 
 
+def _most_frequent(candidates: np.ndarray, counts: np.ndarray, size: int, required: np.ndarray) -> np.ndarray:
+    """`required` and then the most frequent other `candidates` by `counts` (ties to the smaller id), `size` in all."""
+    if len(required) > size:
+        raise ValueError(f"size {size} cannot hold the {len(required)} required stop ids {required.tolist()}")
+    order = candidates[np.lexsort((candidates, -counts[candidates].astype(np.float64)))]  # count desc, then id asc
+    return np.concatenate([required, order[~np.isin(order, required)][:size - len(required)]])
+
+
 class DraftVocab:
     """The kept token ids `draft_to_target int32[V′]` (increasing) of a target vocabulary of `vocab_size` V, with
     1 <= V′ < V. Build one with `from_counts` (the top V′ by frequency, the stop tokens always kept) or `from_ids`.
@@ -101,11 +109,7 @@ class DraftVocab:
         required = np.unique(_int_ids("required_ids", required_ids))
         if required.size and (required.min() < 0 or required.max() >= V):
             raise ValueError(f"required_ids {required.tolist()} are outside the target vocabulary [0, {V})")
-        if len(required) > size:
-            raise ValueError(f"size {size} cannot hold the {len(required)} required stop ids {required.tolist()}")
-        order = np.lexsort((np.arange(V), -counts.astype(np.float64)))  # by count desc, then id asc
-        rest = order[~np.isin(order, required)][:size - len(required)]
-        return cls(np.concatenate([required, rest]), V, required)
+        return cls(_most_frequent(np.arange(V), counts, size, required), V, required)
 
     def top(self, counts, size: int, required_ids: Iterable[int] = ()) -> "DraftVocab":
         """The `size` most frequent of this vocabulary's kept ids by `counts int[V]` (ties to the smaller id), with
@@ -123,15 +127,9 @@ class DraftVocab:
         outside = required[~np.isin(required, self._ids)]
         if outside.size:
             raise ValueError(f"required_ids {outside.tolist()} are not in this vocabulary: a cut keeps a subset of it")
-        kept = self._ids
-        sub = counts[kept].astype(np.float64)
-        if np.any(sub < 0):
+        if np.any(counts[self._ids] < 0):
             raise ValueError("counts must be >= 0")
-        order = kept[np.lexsort((kept, -sub))]
-        if len(required) > size:
-            raise ValueError(f"size {size} cannot hold the {len(required)} required stop ids {required.tolist()}")
-        rest = order[~np.isin(order, required)][:size - len(required)]
-        return DraftVocab(np.concatenate([required, rest]), self.vocab_size, required)
+        return DraftVocab(_most_frequent(self._ids, counts, size, required), self.vocab_size, required)
 
     @classmethod
     def from_ids(cls, ids: Sequence[int], vocab_size: int, required_ids: Iterable[int] = ()) -> "DraftVocab":
