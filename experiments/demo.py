@@ -56,7 +56,7 @@ def main(argv=None):
     from smcsd.defaults import choose
     from smcsd.drafters import as_drafter
     other = {} if args.method is None else {"method": args.method}
-    default_is_ar = args.method is None and choose(target, as_drafter(draft), None).method == "ar"
+    default_is_ar = args.method is None and choose(target, as_drafter(draft), None, args.temperature).method == "ar"
     k_sd = choose(target, as_drafter(draft), "sd").num_speculative_tokens  # the pair's measured best K for sd
     if default_is_ar:  # ar vs ar says nothing: show the pair's exact speculative method next to it instead
         other = {"method": "sd", "num_speculative_tokens": k_sd}

@@ -14,7 +14,8 @@ import numpy as np
 from . import sharding as _sharding
 from .cache import KVCache, init_cache
 from .config import ModelConfig
-from .transformer import Transformer, TreeAttention, apply_unrolled, layers_unstacked, unstack_layers
+from .transformer import Transformer, TreeAttention, apply_unrolled, layers_unstacked, unstack_layers, \
+    with_transposed_head
 
 
 @functools.lru_cache(maxsize=None)
@@ -171,14 +172,15 @@ class LanguageModel:
         """The params as the compiled decode programs take them on this backend (cached per params object).
 
         On CPU the layers are unstacked into per-layer buffers (`unstack_layers`: XLA:CPU copies each
-        layer's weights out of stacked arrays on every call, ~2.5x a step's memory traffic); this keeps a
-        second copy of the layer weights while the model lives. Elsewhere: `params` as they are.
+        layer's weights out of stacked arrays on every call, ~2.5x a step's memory traffic) and the LM head gets a
+        [D, V] copy (`with_transposed_head`: XLA:CPU's faster layout for it); this keeps a second copy of the layer
+        weights and the head while the model lives. Elsewhere: `params` as they are.
         """
         if jax.default_backend() != "cpu" or layers_unstacked(self.params):
             return self.params
         cached = self.__dict__.get("_decode_params")
         if cached is None or cached[0] is not self.params:
-            cached = (self.params, unstack_layers(self.params))
+            cached = (self.params, with_transposed_head(self.config, unstack_layers(self.params)))
             self.__dict__["_decode_params"] = cached
         return cached[1]
 

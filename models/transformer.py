@@ -367,13 +367,28 @@ def apply_unrolled(config: ModelConfig, params, tokens, positions, kv=None, key_
             if int(j) % c.num_hidden_layers == i:
                 hidden[n] = x
     x = RMSNorm(c.rms_norm_eps, dt).apply({"params": params["norm"]}, x)
-    w = embedding if c.tie_word_embeddings else params["lm_head"]
-    logits = _head(x, w, logit_index)
+    if HEAD_T in params:  # the head's [D, V] copy (`with_transposed_head`): XLA:CPU's faster layout for x @ W
+        xs = x if logit_index is None else jnp.take_along_axis(x, logit_index[:, :, None], axis=1)
+        logits = jnp.einsum("btd,dv->btv", xs, params[HEAD_T], preferred_element_type=jnp.float32)
+    else:
+        logits = _head(x, embedding if c.tie_word_embeddings else params["lm_head"], logit_index)
     hidden = jnp.stack(hidden) if hidden_layers else None
     if pack is not None:
         logits, hidden = _unpack_outputs(logits, hidden, pack, *positions.shape)
     new_kv = None if kv is None else (k_all, v_all)
     return logits.astype(jnp.float32), new_kv, hidden
+
+
+HEAD_T = "head_t"  # a per-layer (CPU decode) layout's transposed LM head
+
+
+def with_transposed_head(config: ModelConfig, params):
+    """Per-layer params (`unstack_layers`) plus a [D, V] copy of the LM head (the tied embedding or lm_head) under
+    `HEAD_T`, which `apply_unrolled` multiplies by instead: on XLA:CPU x [T, D] @ W [D, V] runs ~15 % faster than
+    against the [V, D] table at T = 1 and ~15-30 % at T = 2-5 (a verification call), ~0.6 ms of SmolLM2's ~25 ms
+    step. Costs one more copy of the head (113 MB for SmolLM2 in float32)."""
+    w = params["embed_tokens"]["embedding"] if config.tie_word_embeddings else params["lm_head"]
+    return {**params, HEAD_T: jnp.array(w.T)}
 
 
 def unstack_layers(params):
@@ -391,6 +406,7 @@ def stack_layers(params):
     layers = params["layers"]
     if not isinstance(layers, (tuple, list)):
         return params
+    params = {k: v for k, v in params.items() if k != HEAD_T}
     return {**params, "layers": jax.tree_util.tree_map(lambda *a: jnp.stack(a), *layers)}
 
 

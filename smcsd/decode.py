@@ -297,7 +297,13 @@ def prepare(
         target, draft = METHODS[method].pair_draft(target) or (target, draft)
     target, draft = _resolve_models(target, draft)
     _warn_half_precision_on_cpu(target, draft.language_model if draft is not None else None)
-    choice = _defaults.choose(target, draft, method)  # the pair's measured defaults (smcsd/defaults.py)
+    if messages is not None:  # a chat: rendered with the target's template, stopped at its end of turn
+        prompt = _render_messages(messages, target.tokenizer)
+        if eos_id is None:
+            eos_id = list(getattr(target.tokenizer, "end_of_turn_ids", None) or []) or None
+    requests, _ = _normalize_prompts(prompt, target.tokenizer, target.config.vocab_size)
+    # the pair's measured defaults (smcsd/defaults.py) for this temperature and batch size
+    choice = _defaults.choose(target, draft, method, temperature, batch=len(requests))
     method = choice.method
     if not isinstance(method, str) or method not in METHODS:
         raise ValueError(f"unknown method {method!r}; choose one of: {', '.join(sorted(METHODS))}")
@@ -338,6 +344,8 @@ def prepare(
         takes = [name for name, m in sorted(METHODS.items()) if m.takes_tree]
         raise ValueError(f"tree= shapes method={' or '.join(repr(t) for t in takes)} only, but method is {method!r}; "
                          f"drop tree= or use {' or '.join(takes)}")
+    if tree is None and choice.tree is not None and mdef.takes_tree and num_speculative_tokens is None:
+        tree = choice.tree  # the pair's measured tree (its depth is K)
     options = MethodOptions(num_speculative_tokens=K, num_speculative_tokens_given=num_speculative_tokens is not None,
                             num_particles=N, tree=tree, resampler=resampler, temperature=temperature,
                             draft_temperature=draft_temperature, mesh=mesh)
@@ -356,11 +364,6 @@ def prepare(
         if mesh is not None and not draft.supports_mesh and mdef.place is None:
             raise ValueError(f"{draft.describe()} cannot run on a mesh yet; call decode without mesh= (one device)")
 
-    if messages is not None:  # a chat: rendered with the target's template, stopped at its end of turn
-        prompt = _render_messages(messages, target.tokenizer)
-        if eos_id is None:
-            eos_id = list(getattr(target.tokenizer, "end_of_turn_ids", None) or []) or None
-    requests, _ = _normalize_prompts(prompt, target.tokenizer, target.config.vocab_size)
     stops = _stop_ids(eos_id, target.tokenizer, target.config, target.config.vocab_size)
 
     uses_draft = mdef.needs_draft

@@ -5,7 +5,12 @@ with the pair in `models/shipped/<pair>/decode_defaults.json`, per backend ("cpu
 where a call over many tokens costs about what one token costs) and per drafter: the fastest setting whose
 quality is within tolerance of `ar`, never slower than `ar` (which is itself a candidate, so a pair whose drafters
 do not pay for themselves on a backend gets `ar` there). The file records the command that chose them and what
-was measured. Any other target and drafter get the generic defaults below.
+was measured. Greedy decoding (temperature 0) has its own choice where the file holds one (its "greedy" entry,
+chosen by `choose_defaults --temperature 0`): there every speculative method is exact and the fastest may differ,
+e.g. an `sd-tree` whose tree the entry names. A batch of several requests takes the entry's `by_batch` choice where
+it was measured (`choose_defaults --batch-sizes`): the one of the smallest measured batch size at least as large,
+and `ar` past the largest (on a CPU a call over more rows costs more, so drafting stops paying as the batch grows).
+Any other target and drafter get the generic defaults below.
 """
 
 from __future__ import annotations
@@ -33,6 +38,7 @@ class Choice(NamedTuple):
     num_particles: int
     num_speculative_tokens: int
     source: str  # where it came from: the pair's stored file, or "generic"
+    tree: str | None = None  # sd-tree: the stored tree (its string form, smcsd.TreeSpec.parse)
 
 
 def backend() -> str:
@@ -87,25 +93,49 @@ def identify(target, draft=None) -> tuple[str | None, str | None]:
     return pair, ("ar" if drafter == "draft" else drafter)
 
 
-def choose(target, draft, method: str | None) -> Choice:
-    """The method and (N, K) `decode` runs when `method` (None: choose it too) and N, K are not given."""
+def _entry(stored: dict, drafter: str, temperature) -> tuple[dict | None, str]:
+    """The stored choice for `drafter` on this backend (the greedy one at temperature 0, where stored) and its label."""
+    if temperature == 0:
+        greedy = (stored.get("greedy") or {}).get("backends", {}).get(backend(), {}).get(drafter)
+        if greedy is not None:
+            return greedy, f"{backend()}, greedy, {drafter}"
+    return stored.get("backends", {}).get(backend(), {}).get(drafter), f"{backend()}, {drafter}"
+
+
+def _choice(c: dict, source: str) -> Choice:
+    return Choice(c["method"], c.get("num_particles", 1), c.get("num_speculative_tokens", 1), source, c.get("tree"))
+
+
+def _by_batch(entry: dict, batch: int, source: str) -> Choice | None:
+    """The entry's choice for a batch of `batch` requests from its `by_batch` measurements (None: not measured);
+    `source` is the label without its closing parenthesis."""
+    measured = {int(b): e for b, e in (entry.get("by_batch") or {}).items()}
+    if batch <= 1 or not measured:
+        return None
+    fits = [b for b in measured if b >= batch]
+    if not fits:
+        return Choice("ar", 1, 1, f"{source}, batch {batch} past the largest measured, {max(measured)})")
+    b = min(fits)
+    return _choice(measured[b]["default"], f"{source}, batch {b})")
+
+
+def choose(target, draft, method: str | None, temperature: float | None = None, batch: int = 1) -> Choice:
+    """The method and (N, K) `decode` runs when `method` (None: choose it too) and N, K are not given; at
+    `temperature` 0 the pair's greedy choice where it has one; for `batch` requests the one measured at that batch
+    size (module docstring)."""
     if draft is None:  # a method that needs a drafter is refused by decode, naming the argument
         n, k = METHOD_DEFAULTS.get(method, (1, 1))
         return Choice(method or "ar", n, k, "no drafter")
     pair, drafter = identify(target, draft)
     stored = load_defaults(pair) if pair and drafter else None
-    entry = None
-    if stored is not None:
-        entry = stored.get("backends", {}).get(backend(), {}).get(drafter)
+    entry, where = _entry(stored, drafter, temperature) if stored is not None else (None, "")
     if entry is not None:
         if method is None:
-            best = entry["default"]
-            return Choice(best["method"], best.get("num_particles", 1), best.get("num_speculative_tokens", 1),
-                          f"{defaults_path(pair)} ({backend()}, {drafter})")
+            return (_by_batch(entry, batch, f"{defaults_path(pair)} ({where}")
+                    or _choice(entry["default"], f"{defaults_path(pair)} ({where})"))
         per_method = entry.get("methods", {}).get(method)
         if per_method is not None:
-            return Choice(method, per_method.get("num_particles", 1), per_method.get("num_speculative_tokens", 1),
-                          f"{defaults_path(pair)} ({backend()}, {drafter}, {method})")
+            return _choice(per_method, f"{defaults_path(pair)} ({where}, {method})")
     if method is None:  # a drafter may name its own (a tree drafter: sd-tree)
         method = getattr(draft, "preferred_method", None) or GENERIC_METHOD
     n, k = METHOD_DEFAULTS.get(method, (1, 1))

@@ -49,6 +49,16 @@ def test_stored_defaults_are_the_fastest_passing_candidate(pair):
                     tol = data["tolerance"]["arith_points"] / 100 if r["quality"]["metric"] == "accuracy" \
                         else data["tolerance"]["logp_nats_per_token"]
                     assert r["passes"] == (r["quality"]["value"] >= ar_q["value"] - tol)
+            for b, e in entry.get("by_batch", {}).items():  # measured again at larger batch sizes (cpu)
+                assert int(b) >= 2 and any(c["label"] == "ar" for c in e["candidates"])
+                assert e["default"] == max(e["candidates"], key=lambda c: c["speedup_vs_ar"])["candidate"]
+                assert e["speedup_vs_ar"] >= 1.0 - 1e-9
+        greedy = data.get("greedy")  # the greedy regime (choose_defaults --temperature 0), where chosen
+        for drafter, entry in (greedy or {}).get("backends", {}).get(backend, {}).items():
+            rows = greedy["candidates"][drafter]
+            assert greedy["settings"]["temperature"] == 0 and all(r["passes"] for r in rows)  # all exact there
+            assert entry["default"] == max(rows, key=lambda r: r[key])["candidate"], ("greedy", backend, drafter)
+            assert entry["speedup_vs_ar"] >= 1.0 - 1e-9
         if "default_drafter" in data:  # the pair's default drafter is the one with the fastest default
             entries = data["backends"][backend]
             rank = lambda n: (entries[n]["speedup_vs_ar"], entries[n].get("speculative_speedup") or 0.0)  # noqa: E731
@@ -76,6 +86,55 @@ def test_decode_without_a_method_runs_the_pairs_default():
                      method=entry["method"], max_new_tokens=8, temperature=0.7, seed=3, **kw)
     assert a.stats.method == entry["method"] and a.tokens == b.tokens
     assert smcsd.decode("import os\n", target=target, max_new_tokens=2).stats.method == "ar"
+
+
+def test_greedy_decoding_takes_the_pairs_greedy_choice_and_its_tree(monkeypatch):
+    """At temperature 0 `decode` runs the stored greedy choice (here an sd-tree, whose tree comes from the file: the
+    same tokens as naming it), at any other temperature the sampled one; a K given by the caller overrides the
+    stored tree's depth (sd-tree then builds the generic tree of that depth)."""
+    real = defaults.load_defaults("tiny-code")
+    tree = {"method": "sd-tree", "num_particles": 1, "num_speculative_tokens": 2, "tree": "2,1:top"}
+    entry = {"default": tree, "speedup_vs_ar": 1.2, "methods": {"sd-tree": tree}}
+    fake = {**real, "greedy": {"backends": {defaults.backend(): {"ar-distilled": entry}}, "candidates": {}}}
+    monkeypatch.setattr(defaults, "load_defaults", lambda pair: fake if pair == "tiny-code" else None)
+    target, draft = smcsd.load("tiny-code")
+    c = defaults.choose(target, as_drafter(draft), None, 0.0)
+    assert (c.method, c.tree, c.num_speculative_tokens) == ("sd-tree", "2,1:top", 2) and "greedy" in c.source
+    assert defaults.choose(target, as_drafter(draft), "sd-tree", 0).tree == "2,1:top"
+    sampled = defaults.choose(target, as_drafter(draft), None, 0.7)
+    assert sampled.method == real["backends"][defaults.backend()]["ar-distilled"]["default"]["method"]
+    assert sampled.tree is None
+    a = smcsd.decode("import os\n", target=target, draft=draft, max_new_tokens=10, temperature=0, seed=1)
+    b = smcsd.decode("import os\n", target=target, draft=draft, method="sd-tree", tree="2,1:top", max_new_tokens=10,
+                     temperature=0, seed=1)
+    assert a.stats.method == "sd-tree" and a.tokens == b.tokens
+    assert a.stats.num_draft_tokens == 4 * a.stats.num_drafts  # the stored tree ran: 2 + 2 nodes (a chain: 2)
+    k3 = smcsd.decode("import os\n", target=target, draft=draft, method="sd-tree", num_speculative_tokens=3,
+                      max_new_tokens=10, temperature=0, seed=1)
+    assert k3.stats.method == "sd-tree" and k3.tokens == a.tokens  # greedy: every exact method agrees
+
+
+def test_a_batch_takes_the_choice_measured_at_its_size(monkeypatch):
+    """`by_batch`: a batch takes the choice of the smallest measured size at least as large, ar past the largest;
+    one request (and a method the caller names) the batch-1 choice. decode counts the requests itself."""
+    real = defaults.load_defaults("tiny-code")
+    sd3 = {"method": "sd", "num_particles": 1, "num_speculative_tokens": 3}
+    entry = {"default": {"method": "sd", "num_particles": 1, "num_speculative_tokens": 2}, "speedup_vs_ar": 1.1,
+             "methods": {"sd": sd3},
+             "by_batch": {"2": {"default": sd3, "speedup_vs_ar": 1.3, "candidates": []},
+                          "4": {"default": {"method": "ar", "num_particles": 1, "num_speculative_tokens": 1},
+                                "speedup_vs_ar": 1.0, "candidates": []}}}
+    fake = {**real, "backends": {**real["backends"], defaults.backend(): {"ar-distilled": entry}}}
+    monkeypatch.setattr(defaults, "load_defaults", lambda pair: fake if pair == "tiny-code" else None)
+    target, draft = smcsd.load("tiny-code")
+    d = as_drafter(draft)
+    got = {b: defaults.choose(target, d, None, 0.7, batch=b) for b in (1, 2, 3, 4, 9)}
+    assert [(got[b].method, got[b].num_speculative_tokens) for b in (1, 2, 3, 4, 9)] == [
+        ("sd", 2), ("sd", 3), ("ar", 1), ("ar", 1), ("ar", 1)]
+    assert "batch 2" in got[2].source and "past the largest" in got[9].source
+    assert defaults.choose(target, d, "sd", 0.7, batch=9).num_speculative_tokens == 3  # named method: its best
+    assert smcsd.decode(["import os\n"] * 2, max_new_tokens=4, temperature=0.7).stats.method == "sd"
+    assert smcsd.decode(["import os\n"] * 3, max_new_tokens=4, temperature=0.7).stats.method == "ar"
 
 
 def test_a_method_without_n_and_k_takes_the_pairs_best_for_it():

@@ -261,6 +261,40 @@ def test_choose_defaults_quick(tmp_path):
         assert res["backends"][backend]["ar-distilled"]["default"] == best["candidate"]
 
 
+@pytest.mark.slow  # ~40 s; default-run budget
+def test_choose_defaults_greedy_regime_with_trees(tmp_path, monkeypatch):
+    """--temperature 0 with --trees: sd-tree candidates (no smc), and --write stores the greedy choice under "greedy"
+    in (a copy of) the pair's file, leaving the sampled choice as it was; `choose` at temperature 0 then reads it."""
+    import shutil
+    import smcsd
+    from experiments.studies import choose_defaults
+    from smcsd import defaults
+    from smcsd.drafters import as_drafter
+    copy = tmp_path / "decode_defaults.json"
+    shutil.copy(defaults.defaults_path("tiny-arith"), copy)
+    before = _load(copy)
+    monkeypatch.setattr(defaults, "defaults_path", lambda pair: str(copy))
+    defaults.load_defaults.cache_clear()
+    try:
+        choose_defaults.main(["--pair", "tiny-arith", "--drafters", "ar-distilled", "--sd-ks", "2", "--trees", "2,1:top",
+                              "--smc", "2:2", "--temperature", "0", "--prompts", "1", "--rounds", "1",
+                              "--max-new-tokens", "12", "--out", str(tmp_path / "g.json"), "--write"])
+        data = _load(copy)
+        assert {k: v for k, v in data.items() if k != "greedy"} == before
+        greedy = data["greedy"]
+        rows = greedy["candidates"]["ar-distilled"]
+        assert [r["label"] for r in rows] == ["ar", "sd K=2", "sd-tree 2,1:top"]  # smc has no greedy regime
+        assert rows[2]["candidate"] == {"method": "sd-tree", "num_particles": 1, "num_speculative_tokens": 2,
+                                        "tree": "2,1:top"} and rows[2]["mean_acceptance_length"] >= 1
+        best = max(rows, key=lambda r: r["speedup_vs_ar"])["candidate"]
+        assert greedy["backends"]["cpu"]["ar-distilled"]["default"] == best
+        target, draft = smcsd.load("tiny-arith", drafter="ar-distilled")
+        c = defaults.choose(target, as_drafter(draft), None, 0)
+        assert (c.method, c.tree) == (best["method"], best.get("tree")) and "greedy" in c.source
+    finally:
+        defaults.load_defaults.cache_clear()
+
+
 @pytest.mark.slow  # ~50 s of compiles; default-run budget
 def test_bench_pair_quick(tmp_path):
     """experiments.bench.smollm2_pair on tiny-code at two batch sizes: every cell per batch, ratios against that

@@ -165,6 +165,30 @@ def test_packed_forward_equals_unpacked_at_the_packed_tokens(arch, unstacked):
         plain(c, params, toks, cache, pack=pack, logit_index=jnp.zeros((B, 1), jnp.int32))
 
 
+@pytest.mark.parametrize("arch", ["mqa-tied", "llama-mha"])  # tied embedding / its own lm_head
+def test_the_transposed_head_layout_gives_the_same_logits(arch):
+    """`decode_params` on CPU: per-layer buffers plus the head's [D, V] copy; logits (also at `logit_index`) match the
+    stacked layout's, a changed copy changes them (it is what runs), and `stack_layers` drops it again."""
+    from smcsd.models import forward_cached, init_cache
+    from smcsd.models.transformer import HEAD_T, stack_layers, unstack_layers, with_transposed_head
+    model = _model(arch)
+    c, V = model.config, BASE["vocab_size"]
+    assert c.tie_word_embeddings == (arch == "mqa-tied")
+    fast = model.decode_params()
+    assert HEAD_T in fast and fast[HEAD_T].shape == (c.hidden_size, V)
+    toks = _tokens(2, 3, V, 4)
+    cache = model.init_cache(2, 8)
+    per_layer = init_cache(c.num_hidden_layers, 2, 8, c.num_key_value_heads, c.head_dim, c.jnp_dtype, per_layer=True)
+    idx = jnp.array([[2], [0]], jnp.int32)
+    for kw in ({}, {"logit_index": idx}):
+        want = forward_cached(c, model.params, toks, cache, **kw)[0]
+        got = forward_cached(c, fast, toks, per_layer, **kw)[0]
+        np.testing.assert_allclose(np.asarray(got), np.asarray(want), atol=1e-5, rtol=1e-5)
+    zeroed = {**fast, HEAD_T: jnp.zeros_like(fast[HEAD_T])}
+    assert not np.asarray(forward_cached(c, zeroed, toks, per_layer)[0]).any()
+    assert HEAD_T not in stack_layers(with_transposed_head(c, unstack_layers(model.params)))
+
+
 def test_cache_overflow_is_a_clear_error():
     model = _model("llama-mha")
     with pytest.raises(ValueError, match="max_len"):

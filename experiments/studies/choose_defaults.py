@@ -5,7 +5,9 @@
     python -m experiments.studies.choose_defaults --pair tiny-arith --write
     python -m experiments.studies.choose_defaults --pair smollm2-135m --drafters ar-distilled dflash-dpace --write
 
-Per drafter of the pair, the candidates are `ar`, `sd` at each K of --sd-ks and `smc` at each N:K of --smc.
+Per drafter of the pair, the candidates are `ar`, `sd` at each K of --sd-ks, `sd-tree` at each tree of --trees and
+`smc` at each N:K of --smc. With --temperature 0 the run chooses the greedy defaults (`decode(..., temperature=0)`),
+stored beside the sampled ones under "greedy" (--write keeps the other regime's choice).
 1. Speed on this machine (the "cpu" backend): batch 1, T = --temperature, every candidate on every prompt in
    --rounds interleaved rounds (drift hits all alike), tokens/s = new tokens / wall time (compile excluded).
 2. Quality: `ar` and `sd` are exact (the enumeration tests), so they pass. `smc` is consistent, not exact, so each
@@ -35,37 +37,96 @@ class Cand:
     method: str
     n: int = 1
     k: int = 1
+    tree: str | None = None  # sd-tree: the tree's string form (smcsd.TreeSpec.parse); k is its depth
+
+    @classmethod
+    def sd_tree(cls, tree: str) -> "Cand":
+        from smcsd import TreeSpec
+        return cls("sd-tree", 1, TreeSpec.parse(tree).depth, tree)
 
     @property
     def label(self) -> str:
-        return {"ar": "ar", "sd": f"sd K={self.k}"}.get(self.method, f"smc N={self.n} K={self.k}")
+        return label_of(self.entry())
 
     def kwargs(self) -> dict:
         if self.method == "ar":
             return dict(method="ar")
+        if self.method == "sd-tree":
+            return dict(method="sd-tree", tree=self.tree)
         kw = dict(method=self.method, num_speculative_tokens=self.k)
         if self.method == "smc":
             kw["num_particles"] = self.n
         return kw
 
     def entry(self) -> dict:
-        return dict(method=self.method, num_particles=self.n, num_speculative_tokens=self.k)
+        e = dict(method=self.method, num_particles=self.n, num_speculative_tokens=self.k)
+        return {**e, "tree": self.tree} if self.tree is not None else e
 
 
-def measure_speed(target, draft, cands, prompts, stops, temperature, max_new, rounds, progress=True):
+def label_of(c: dict) -> str:
+    """A stored candidate's label: "ar", "sd K=2", "sd-tree 2,1:top", "smc N=4 K=3"."""
+    if c["method"] == "ar":
+        return "ar"
+    if c["method"] == "sd":
+        return f"sd K={c['num_speculative_tokens']}"
+    if c["method"] == "sd-tree":
+        return f"sd-tree {c['tree']}"
+    return f"{c['method']} N={c['num_particles']} K={c['num_speculative_tokens']}"
+
+
+def by_batch(target, draft, entry, prompts, stops, args) -> dict:
+    """{batch size: {default, speedup_vs_ar, candidates}} for each of --batch-sizes: ar and each method's best passing
+    batch-1 setting measured at that batch size, the fastest the default (quality verdicts carry over from batch 1)."""
+    if any(b < 2 for b in args.batch_sizes):
+        raise SystemExit(f"--batch-sizes takes sizes >= 2 (batch 1 is the main run), got {args.batch_sizes}")
+    contenders = [Cand("ar")] + [cand_of(c) for c in entry["methods"].values()]
+    out = {}
+    for b in sorted(set(args.batch_sizes)):
+        speed = measure_speed(target, draft, contenders, prompts, stops, args.temperature, args.max_new_tokens,
+                              args.rounds, batch=b)
+        cands = [dict(candidate=c.entry(), label=c.label, tokens_per_s=speed[c]["tokens_per_s"],
+                      speedup_vs_ar=speed[c]["speedup_vs_ar"]) for c in contenders]
+        best = max(cands, key=lambda r: r["speedup_vs_ar"])
+        out[str(b)] = dict(default=best["candidate"], speedup_vs_ar=best["speedup_vs_ar"], candidates=cands)
+        print(f"  batch {b}: " + ", ".join(f"{r['label']} {r['speedup_vs_ar']:.2f}x" for r in cands), flush=True)
+    return out
+
+
+def cand_of(entry: dict) -> Cand:
+    """The candidate a stored entry names."""
+    return Cand(entry["method"], entry.get("num_particles", 1), entry.get("num_speculative_tokens", 1),
+                entry.get("tree"))
+
+
+def heldout_prompts(corpus_dir: str, target, n_speed: int, n_quality: int):
+    """(speed prompts, quality prompts): the first n_speed and the next n_quality held-out chat requests of a
+    self-distillation corpus, rendered with the target's chat template."""
+    from smcsd.train.corpus import SelfDistilledCorpus
+    reqs = SelfDistilledCorpus(corpus_dir, target.tokenizer).heldout_requests(("chat",))
+    if len(reqs) < n_speed + n_quality:
+        raise SystemExit(f"--corpus-heldout {corpus_dir} has {len(reqs)} held-out chat requests; --prompts + "
+                         f"--quality-prompts asks for {n_speed + n_quality}")
+    render = [target.tokenizer.apply_chat_template(m, add_generation_prompt=True, tokenize=True) for m in reqs]
+    return render[:n_speed], render[n_speed:n_speed + n_quality]
+
+
+def measure_speed(target, draft, cands, prompts, stops, temperature, max_new, rounds, progress=True, batch=1):
+    """Tokens/s of each candidate (and its ratio to ar's) over `rounds` interleaved rounds of the prompts, `batch`
+    requests per call (batch i takes prompts i*batch.. cyclically)."""
     import smcsd
     acc = {c: dict(tokens=0, wall=0.0, accepted=0, drafts=0, resamples=0, calls=0) for c in cands}
+    groups = [[prompts[(i * batch + j) % len(prompts)] for j in range(batch)] for i in range(len(prompts))]
 
-    def run(c, prompt, seed):
+    def run(c, group, seed):
         kw = dict(target=target, temperature=temperature, max_new_tokens=max_new, eos_id=stops, seed=seed, **c.kwargs())
         if c.method != "ar":
             kw["draft"] = draft
-        return smcsd.decode([prompt], **kw).stats
+        return smcsd.decode(group, **kw).stats
 
     for c in cands:
-        run(c, prompts[0], 0)  # compile + warm up
+        run(c, groups[0], 0)  # compile + warm up
     for r in range(rounds):
-        for prompt in prompts:
+        for prompt in groups:
             for c in cands:
                 st = run(c, prompt, r + 1)
                 a = acc[c]
@@ -76,14 +137,14 @@ def measure_speed(target, draft, cands, prompts, stops, temperature, max_new, ro
                 a["resamples"] += st.num_resamples or 0
                 a["calls"] += st.num_target_calls
         if progress:
-            print(f"  speed round {r + 1}/{rounds}", flush=True)
+            print(f"  speed round {r + 1}/{rounds}" + (f" (batch {batch})" if batch > 1 else ""), flush=True)
     ar_tps = acc[Cand("ar")]["tokens"] / acc[Cand("ar")]["wall"]
     out = {}
     for c, a in acc.items():
         tps = a["tokens"] / a["wall"]
         out[c] = dict(tokens_per_s=tps, speedup_vs_ar=tps / ar_tps,
-                      mean_acceptance_length=(a["accepted"] / a["drafts"] + 1) if c.method == "sd" and a["drafts"]
-                      else None, resample_rate=a["resamples"] / a["calls"] if c.method == "smc" else None)
+                      mean_acceptance_length=(a["accepted"] / a["drafts"] + 1)
+                      if c.method in ("sd", "sd-tree") and a["drafts"] else None, resample_rate=a["resamples"] / a["calls"] if c.method == "smc" else None)
     return out
 
 
@@ -122,8 +183,14 @@ def projected(pair, target, draft, c, speed_row, prompt_len, out_len):
         dcfg = dataclasses.replace(ec.model, vocab_size=ec.draft_vocab_size or ec.model.vocab_size)
     context = prompt_len + out_len // 2
     stats = {"acceptance_sd": 0.0, "resample_rate": speed_row.get("resample_rate") or 0.0}
-    if c.method == "sd":
+    if c.method in ("sd", "sd-tree"):  # a tree: the chain acceptance giving its measured tokens per cycle
         stats["acceptance_sd"] = cost_model.solve_acceptance(speed_row["mean_acceptance_length"], c.k)
+    if c.method == "sd-tree":
+        from smcsd import TreeSpec
+        widths = TreeSpec.parse(c.tree).level_widths
+        cycle, tokens = cost_model.cycle_cost(c.method, tcfg, dcfg, 1, 1, c.k, context + c.k + 1, dev, stats,
+                                              prompt_len, block, tree_widths=widths)[:2]
+        return tokens / cycle
     r = cost_model.steady_state(c.method, tcfg, dcfg, 1, c.n, c.k, context, dev, stats, prompt_len, block)
     return r["tokens_per_s"]
 
@@ -137,9 +204,7 @@ def candidates_table(rows) -> str:
 
 def markdown(backends, candidates) -> str:
     """The choice per backend and drafter, then every drafter's candidates."""
-    def label(c):
-        return {"ar": "ar", "sd": f"sd K={c['num_speculative_tokens']}"}.get(
-            c["method"], f"smc N={c['num_particles']} K={c['num_speculative_tokens']}")
+    label = label_of
 
     head = report.markdown_table(["drafter", "cpu default", "accelerator default"],
                                  [[name, f"{label(backends['cpu'][name]['default'])} "
@@ -157,12 +222,21 @@ def main(argv=None):
     ap.add_argument("--drafters", nargs="+", default=None, help="default: the pair's model and block drafters")
     ap.add_argument("--sd-ks", type=int, nargs="+", default=[2, 3, 4, 6])
     ap.add_argument("--smc", nargs="*", default=["1:3", "2:3", "2:4", "4:3", "4:4", "8:3"], help="N:K cells")
-    ap.add_argument("--temperature", type=float, default=0.7)
+    ap.add_argument("--trees", nargs="*", default=[], metavar="TREE",
+                    help="sd-tree candidates, each a tree string (e.g. 2,1:top; smcsd.TreeSpec.parse)")
+    ap.add_argument("--temperature", type=float, default=0.7,
+                    help="0 chooses the greedy defaults (stored under 'greedy'); any other value the sampled ones")
     ap.add_argument("--prompts", type=int, default=4, help="prompts of the speed runs")
     ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--batch-sizes", type=int, nargs="*", default=[], metavar="B",
+                    help="batch sizes > 1 at which ar and each method's best passing setting are measured again; "
+                         "the fastest per size is stored as the cpu default for batches up to it (by_batch)")
     ap.add_argument("--max-new-tokens", type=int, default=64)
     ap.add_argument("--quality-prompts", type=int, default=None, help="default: 200 (tiny-arith), 8 (others)")
     ap.add_argument("--quality-samples", type=int, default=None, help="default: 1 (tiny-arith), 4 (others)")
+    ap.add_argument("--corpus-heldout", default=None, metavar="DIR",
+                    help="SmolLM2: speed and quality prompts from this self-distillation corpus's held-out chat "
+                         "requests (disjoint draws; prompts no training split contains) instead of the built-in ones")
     ap.add_argument("--arith-points", type=float, default=3.0)
     ap.add_argument("--logp-tol", type=float, default=0.1)
     ap.add_argument("--write", action="store_true", help="store the choice with the pair (decode_defaults.json), "
@@ -182,9 +256,12 @@ def main(argv=None):
     qn = args.quality_prompts or (200 if pair == "tiny-arith" else 8)
     qs = args.quality_samples or (1 if pair == "tiny-arith" else 4)
     q_prompts, _, problems = pair_prompts(pair, target, qn, quality=True)
+    if args.corpus_heldout:
+        prompts, q_prompts = heldout_prompts(args.corpus_heldout, target, args.prompts, qn)
     prompt_len = int(statistics.fmean(len(p) for p in prompts))
-    ar_quality = measure_quality(pair, target, None, Cand("ar"), q_prompts, stops, problems, args.temperature,
-                                 args.max_new_tokens, qs)
+    greedy = args.temperature == 0  # every candidate is exact there (no smc): no quality runs
+    ar_quality = dict(metric="exact", value=None) if greedy else measure_quality(
+        pair, target, None, Cand("ar"), q_prompts, stops, problems, args.temperature, args.max_new_tokens, qs)
     print(f"ar quality: {ar_quality}", flush=True)
     backends, drafters_out = {"cpu": {}, "accelerator": {}}, {}
     for name in names:
@@ -192,7 +269,9 @@ def main(argv=None):
         limit = getattr(draft, "max_tokens_per_proposal", None)
         fits = lambda k: limit is None or k <= limit  # noqa: E731
         cands = [Cand("ar")] + [Cand("sd", 1, k) for k in args.sd_ks if fits(k)]
-        cands += [Cand("smc", *map(int, s.split(":"))) for s in args.smc if fits(int(s.split(":")[1]))]
+        cands += [t for t in map(Cand.sd_tree, args.trees) if fits(t.k)]
+        if args.temperature > 0:  # smc samples; it has no greedy regime
+            cands += [Cand("smc", *map(int, s.split(":"))) for s in args.smc if fits(int(s.split(":")[1]))]
         print(f"{pair} / {name}: speed of {len(cands)} candidates", flush=True)
         speed = measure_speed(target, draft, cands, prompts, stops, args.temperature, args.max_new_tokens, args.rounds)
         rows = []
@@ -201,7 +280,7 @@ def main(argv=None):
             if c.method == "smc":
                 q = measure_quality(pair, target, draft, c, q_prompts, stops, problems, args.temperature,
                                     args.max_new_tokens, qs)
-            if c.method == "sd":
+            if c.method in ("sd", "sd-tree"):
                 passes, why = True, "exact"
             elif c.method == "ar":
                 passes, why = True, "reference"
@@ -222,7 +301,7 @@ def main(argv=None):
         for backend, key in (("cpu", "speedup_vs_ar"), ("accelerator", "projected_h100_speedup")):
             best = max(ok, key=lambda r: r[key])
             methods = {}
-            for m in ("sd", "smc"):
+            for m in ("sd", "sd-tree", "smc"):
                 mine = [r for r in ok if r["candidate"]["method"] == m]
                 if mine:
                     methods[m] = max(mine, key=lambda r: r[key])["candidate"]
@@ -231,11 +310,20 @@ def main(argv=None):
                                            speculative_speedup=max(spec) if spec else None,
                                            basis="measured on this machine" if backend == "cpu" else
                                            "cost model (H100 preset) with acceptance and quality measured here")
+        if args.batch_sizes:
+            backends["cpu"][name]["by_batch"] = by_batch(target, draft, backends["cpu"][name], prompts, stops, args)
         drafters_out[name] = rows
         print(candidates_table(rows), flush=True)
     cmd = report.command(__file__, argv)
+    settings = dict(temperature=args.temperature, prompts=len(prompts), corpus_heldout=args.corpus_heldout,
+                    rounds=args.rounds,
+                    max_new_tokens=args.max_new_tokens, quality_prompts=qn, quality_samples=qs, batch=1)
+    if greedy:
+        write_greedy(pair, args, cmd, settings, backends, drafters_out)
+        return
     commands = [cmd]
     ar_quality_of = {n: ar_quality for n in names}  # the ar reference each drafter's smc verdicts were made against
+    greedy_choice = None  # the stored greedy regime, kept by --write
     if args.write and not args.replace:  # keep the stored choices of drafters this run did not measure
         from smcsd.defaults import load_defaults
         old = load_defaults(pair)
@@ -248,6 +336,7 @@ def main(argv=None):
                     drafters_out[n] = rows
                     ar_quality_of[n] = old.get("ar_quality_of", {}).get(n, old["ar_quality"])
             commands = old.get("commands", [old.get("command")]) + commands
+            greedy_choice = old.get("greedy")
     # the pair's default drafter per backend: the one whose default setting is fastest (`smcsd.load(pair)` gives it)
     # (ties, e.g. every drafter's default is ar itself, go to the drafter whose best speculative setting is fastest)
     default_drafter = {b: max(entries, key=lambda n: (entries[n]["speedup_vs_ar"],
@@ -256,14 +345,40 @@ def main(argv=None):
     result = report.new_result(
         SCHEMA, pair=pair, command=cmd, commands=commands, machine=report.machine_info(),
         tolerance=dict(arith_points=args.arith_points, logp_nats_per_token=args.logp_tol),
-        settings=dict(temperature=args.temperature, prompts=len(prompts), rounds=args.rounds,
-                      max_new_tokens=args.max_new_tokens, quality_prompts=qn, quality_samples=qs, batch=1),
-        ar_quality=ar_quality, ar_quality_of=ar_quality_of, default_drafter=default_drafter, backends=backends, candidates=drafters_out,
-        markdown=markdown(backends, drafters_out))
+        settings=settings, ar_quality=ar_quality, ar_quality_of=ar_quality_of, default_drafter=default_drafter,
+        backends=backends, candidates=drafters_out, markdown=markdown(backends, drafters_out),
+        **({"greedy": greedy_choice} if greedy_choice else {}))
     out = args.out or report.results_path(f"choose_defaults_{pair}.json")
     print("wrote", report.write_json(out, result, indent=2))
     if args.write:
         print("wrote", report.write_json(defaults_path(pair), result, indent=2))
+
+
+def write_greedy(pair, args, cmd, settings, backends, candidates):
+    """The greedy regime (--temperature 0): its JSON (--out), and with --write the pair's file with its "greedy" entry
+    replaced (the drafters this run did not measure kept, unless --replace), the sampled choice left as it is."""
+    from smcsd.defaults import defaults_path, load_defaults
+    regime = dict(command=cmd, created=report.new_result("-")["created"], machine=report.machine_info(),
+                  settings=settings, backends=backends, candidates=candidates, markdown=markdown(backends, candidates))
+    out = args.out or report.results_path(f"choose_defaults_{pair}_greedy.json")
+    print("wrote", report.write_json(out, regime, indent=2))
+    if not args.write:
+        return
+    old = load_defaults(pair)
+    if old is None:
+        raise SystemExit(f"{defaults_path(pair)} does not exist: choose the sampled defaults first "
+                         f"(--temperature 0.7 --write), then the greedy ones")
+    prev = old.get("greedy") or {}
+    if not args.replace:
+        for backend in backends:
+            for n, e in prev.get("backends", {}).get(backend, {}).items():
+                backends[backend].setdefault(n, e)
+        for n, rows in prev.get("candidates", {}).items():
+            candidates.setdefault(n, rows)
+        regime["markdown"] = markdown(backends, candidates)
+    regime["commands"] = (prev.get("commands", []) if not args.replace else []) + [cmd]
+    data = {**old, "greedy": regime}
+    print("wrote", report.write_json(defaults_path(pair), data, indent=2))
 
 
 if __name__ == "__main__":
