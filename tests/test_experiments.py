@@ -431,7 +431,10 @@ def test_demo_falls_back_and_prints_the_speedup(capsys, monkeypatch):
     out = capsys.readouterr().out
     assert "NOTE: could not fetch smollm2-135m" in out and "falling back to the shipped tiny-code pair" in out
     assert out.count("prompt: ") == len(demo.CODE) and "--- ar:" in out and "same text" in out
-    assert "speed-up of " in out and " over ar on this machine: " in out
+    assert "speed-up of " in out and " over ar on this machine: " in out and "one at a time, batch 1" in out
+    demo.main(["--max-new-tokens", "8", "--batch-all", "--model", "tiny-code"])  # the prompts as one batch
+    out = capsys.readouterr().out
+    assert out.count("prompt: ") == len(demo.CODE) and f"batch {len(demo.CODE)})" in out
 
 
 # ----------------------------------------------------------------------------- the package's shape

@@ -53,9 +53,18 @@ OTHER_RESULTS = [
      "python -m experiments.studies.choose_defaults --pair tiny-code --quality-prompts 32 --quality-samples 4 --write", None),
     ("choose_defaults_tiny-arith.json", "decode's defaults for tiny-arith", "python -m experiments.studies.choose_defaults --pair "
      "tiny-arith --write", None),
-    ("choose_defaults_smollm2-135m.json", "decode's defaults for SmolLM2-135M", "python -m experiments.studies.choose_defaults --pair "
-     "smollm2-135m --drafters ar-distilled dflash-dpace --sd-ks 2 4 --smc 1:4 2:4 4:4 --quality-prompts 8 "
-     "--quality-samples 6 --write", None),
+    ("choose_defaults_smollm2-135m.json", "decode's defaults for SmolLM2-135M (T=0.7, the EAGLE-3 head; by batch size)",
+     "python -m experiments.studies.choose_defaults --pair smollm2-135m --drafters eagle --sd-ks 2 3 4 --trees 2,1:top "
+     "--smc 4:3 --corpus-heldout experiments/data/corpus/smollm2-135m --prompts 8 --rounds 2 --max-new-tokens 64 "
+     "--batch-sizes 2 4 8 --write", None),
+    ("choose_defaults_smollm2-135m_greedy.json", "decode's greedy defaults for SmolLM2-135M (T=0, the EAGLE-3 head; by "
+     "batch size)", "python -m experiments.studies.choose_defaults --pair smollm2-135m --drafters eagle --temperature 0 "
+     "--sd-ks 2 3 4 --trees 2,1:top 2,1,1:top --corpus-heldout experiments/data/corpus/smollm2-135m --prompts 8 "
+     "--rounds 2 --max-new-tokens 64 --batch-sizes 2 4 8 --write", None),
+    ("bench_smollm2_eagle_batches_t07.json", "SmolLM2-135M with the EAGLE-3 head at batch 1, 2, 4 (T=0.7, 12 held-out "
+     "requests): where sd stops paying", "python -m experiments.bench.smollm2_pair --corpus-heldout "
+     "experiments/data/corpus/smollm2-135m --drafters eagle --sd-ks 2 --smc --trees 2,1:top --temperature 0.7 "
+     "--max-new-tokens 96 --repeats 1 --batch-sizes 1 2 4 --prompts 12 --no-default", None),
     ("profile_smc_smollm2-135m.json", "Where an smc cycle goes on SmolLM2 (prompt 512): prompt KV shared vs copied",
      "python -m experiments.bench.profile_smc --pair smollm2-135m --drafter dflash-dpace --n 1 2 4 8 --k 4 --prompt-tokens 512 "
      "--repeats 5", None),

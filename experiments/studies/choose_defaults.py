@@ -212,7 +212,22 @@ def markdown(backends, candidates) -> str:
                                    f"{label(backends['accelerator'][name]['default'])} "
                                    f"({backends['accelerator'][name]['speedup_vs_ar']:.2f}× projected)"]
                                   for name in candidates])
-    return "\n\n".join([head] + [f"**{name}**\n\n{candidates_table(rows)}" for name, rows in candidates.items()])
+    parts = [head] + [f"**{name}**\n\n{candidates_table(rows)}" for name, rows in candidates.items()]
+    for name, entry in backends["cpu"].items():
+        if entry.get("by_batch"):
+            parts.append(f"**{name}, cpu, by batch size** (ar and each method's best batch-1 setting measured again; "
+                         "the fastest is the default up to that size, ar past the largest)\n\n" + by_batch_table(entry))
+    return "\n\n".join(parts)
+
+
+def by_batch_table(entry: dict) -> str:
+    sizes = sorted(entry["by_batch"], key=int)
+    labels = [c["label"] for c in entry["by_batch"][sizes[0]]["candidates"]]
+    rows = [[label] + [next(f"{c['speedup_vs_ar']:.2f}× ({c['tokens_per_s']:.1f} tok/s)"
+                            for c in entry["by_batch"][b]["candidates"] if c["label"] == label) for b in sizes]
+            for label in labels]
+    rows.append(["default"] + [label_of(entry["by_batch"][b]["default"]) for b in sizes])
+    return report.markdown_table(["candidate"] + [f"batch {b}" for b in sizes], rows)
 
 
 def main(argv=None):
