@@ -317,8 +317,7 @@ def _np_rope(x, pos, hd, theta):
 def _np_eagle_first_step(W, cfg, feats3, tokens, embed):
     """An independent NumPy EAGLE-3 forward (SpecForge's LlamaForCausalLMEagle3 with its HF weight layout [out, in]):
     pairs (fc(feats3[t]), embed[tokens[t]]) at positions 1..T, causal; returns the draft-vocabulary logits [T, V']."""
-    H, hq, hk, hd, eps = cfg["hidden_size"], cfg["num_attention_heads"], cfg["num_key_value_heads"], cfg["head_dim"], \
-        cfg["rms_norm_eps"]
+    hq, hk, hd, eps = cfg["num_attention_heads"], cfg["num_key_value_heads"], cfg["head_dim"], cfg["rms_norm_eps"]
     g = feats3 @ W["fc.weight"].T
     e = embed[tokens]
     x = np.concatenate([_np_rms(e, W["midlayer.input_layernorm.weight"], eps),
