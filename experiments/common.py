@@ -67,6 +67,14 @@ def prompts_for(pair: str, target, n: int, prompt_tokens: int, seed: int = 99) -
     return [[code_data.BOS] + data.heldout[s:s + prompt_tokens].tolist() for s in starts]
 
 
+def heldout_chat_prompts(corpus_dir: str, target) -> list[list[int]]:
+    """The held-out chat requests of a self-distillation corpus (prompts no training split contains), rendered with
+    the target's chat template."""
+    from smcsd.train.corpus import SelfDistilledCorpus
+    reqs = SelfDistilledCorpus(corpus_dir, target.tokenizer).heldout_requests(("chat",))
+    return [target.tokenizer.apply_chat_template(m, add_generation_prompt=True, tokenize=True) for m in reqs]
+
+
 def pair_prompts(pair: str, target, count: int, quality: bool = False):
     """(prompt token lists, stop ids, arith problems or None) of a pair's evaluation requests: tiny-arith's test
     problems, else `prompts_for`'s (32-byte code windows; a different draw for quality than for speed)."""

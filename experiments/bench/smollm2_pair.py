@@ -100,11 +100,11 @@ def main(argv=None):
     if pair == "smollm2-135m":
         stops = list(target.tokenizer.end_of_turn_ids)
         requests = [[{"role": "user", "content": p}] for p in PROMPTS]
-        if args.corpus_heldout:
-            from smcsd.train.corpus import SelfDistilledCorpus
-            requests = SelfDistilledCorpus(args.corpus_heldout, target.tokenizer).heldout_requests(("chat",))
         prompts = [target.tokenizer.apply_chat_template(m, add_generation_prompt=True, tokenize=True)
                    for m in requests]
+        if args.corpus_heldout:
+            from experiments.common import heldout_chat_prompts
+            prompts = heldout_chat_prompts(args.corpus_heldout, target)
     else:
         prompts, stops, _ = pair_prompts(pair, target, len(PROMPTS))
     if args.prompts is not None and args.prompts < 1:

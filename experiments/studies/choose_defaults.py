@@ -77,8 +77,6 @@ def label_of(c: dict) -> str:
 def by_batch(target, draft, entry, prompts, stops, args) -> dict:
     """{batch size: {default, speedup_vs_ar, candidates}} for each of --batch-sizes: ar and each method's best passing
     batch-1 setting measured at that batch size, the fastest the default (quality verdicts carry over from batch 1)."""
-    if any(b < 2 for b in args.batch_sizes):
-        raise SystemExit(f"--batch-sizes takes sizes >= 2 (batch 1 is the main run), got {args.batch_sizes}")
     contenders = [Cand("ar")] + [cand_of(c) for c in entry["methods"].values()]
     out = {}
     for b in sorted(set(args.batch_sizes)):
@@ -100,13 +98,12 @@ def cand_of(entry: dict) -> Cand:
 
 def heldout_prompts(corpus_dir: str, target, n_speed: int, n_quality: int):
     """(speed prompts, quality prompts): the first n_speed and the next n_quality held-out chat requests of a
-    self-distillation corpus, rendered with the target's chat template."""
-    from smcsd.train.corpus import SelfDistilledCorpus
-    reqs = SelfDistilledCorpus(corpus_dir, target.tokenizer).heldout_requests(("chat",))
-    if len(reqs) < n_speed + n_quality:
-        raise SystemExit(f"--corpus-heldout {corpus_dir} has {len(reqs)} held-out chat requests; --prompts + "
+    self-distillation corpus."""
+    from experiments.common import heldout_chat_prompts
+    render = heldout_chat_prompts(corpus_dir, target)
+    if len(render) < n_speed + n_quality:
+        raise SystemExit(f"--corpus-heldout {corpus_dir} has {len(render)} held-out chat requests; --prompts + "
                          f"--quality-prompts asks for {n_speed + n_quality}")
-    render = [target.tokenizer.apply_chat_template(m, add_generation_prompt=True, tokenize=True) for m in reqs]
     return render[:n_speed], render[n_speed:n_speed + n_quality]
 
 
@@ -144,7 +141,8 @@ def measure_speed(target, draft, cands, prompts, stops, temperature, max_new, ro
         tps = a["tokens"] / a["wall"]
         out[c] = dict(tokens_per_s=tps, speedup_vs_ar=tps / ar_tps,
                       mean_acceptance_length=(a["accepted"] / a["drafts"] + 1)
-                      if c.method in ("sd", "sd-tree") and a["drafts"] else None, resample_rate=a["resamples"] / a["calls"] if c.method == "smc" else None)
+                      if c.method in ("sd", "sd-tree") and a["drafts"] else None,
+                      resample_rate=a["resamples"] / a["calls"] if c.method == "smc" else None)
     return out
 
 
@@ -204,12 +202,10 @@ def candidates_table(rows) -> str:
 
 def markdown(backends, candidates) -> str:
     """The choice per backend and drafter, then every drafter's candidates."""
-    label = label_of
-
     head = report.markdown_table(["drafter", "cpu default", "accelerator default"],
-                                 [[name, f"{label(backends['cpu'][name]['default'])} "
+                                 [[name, f"{label_of(backends['cpu'][name]['default'])} "
                                          f"({backends['cpu'][name]['speedup_vs_ar']:.2f}×)",
-                                   f"{label(backends['accelerator'][name]['default'])} "
+                                   f"{label_of(backends['accelerator'][name]['default'])} "
                                    f"({backends['accelerator'][name]['speedup_vs_ar']:.2f}× projected)"]
                                   for name in candidates])
     parts = [head] + [f"**{name}**\n\n{candidates_table(rows)}" for name, rows in candidates.items()]
@@ -259,6 +255,8 @@ def main(argv=None):
     ap.add_argument("--replace", action="store_true", help="with --write: drop the stored choices of other drafters")
     ap.add_argument("--out", default=None)
     args = ap.parse_args(argv)
+    if any(b < 2 for b in args.batch_sizes):  # before any measuring
+        ap.error(f"--batch-sizes takes sizes >= 2 (batch 1 is the main run), got {args.batch_sizes}")
 
     import smcsd
     from smcsd.defaults import SCHEMA, defaults_path
