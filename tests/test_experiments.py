@@ -223,9 +223,11 @@ def test_fidelity_quick(tmp_path):
     from experiments.studies import fidelity
     out = tmp_path / "fid.json"
     fidelity.main(["--pair", "tiny-arith", "--n", "2", "--prompts", "6", "--samples", "2", "--max-new-tokens", "16",
-                   "--out", str(out)])
+                   "--draft-temperature", "1.0", "0.5", "--out", str(out)])
     rows = _load(out)["rows"]
-    assert [r["method"] for r in rows] == ["ar", "smc"] and rows[0]["outputs"] == rows[1]["outputs"] == 12
+    assert [r["method"] for r in rows] == ["ar", "smc", "smc"] and [r["outputs"] for r in rows] == [12] * 3
+    assert [r["draft_temperature"] for r in rows] == [None, 1.0, 0.5] and rows[1]["K"] == rows[2]["K"] == 3
+    assert rows[1]["mean_ess_fraction"] != rows[2]["mean_ess_fraction"]  # the proposal's temperature reached decode
     for r in rows:
         assert r["mean_logp"] < 0 and r["mean_logp_ci"] > 0 and 0 < r["mean_length"] <= 16
     assert rows[1]["logp_minus_ar"] == pytest.approx(rows[1]["mean_logp"] - rows[0]["mean_logp"])
@@ -233,6 +235,8 @@ def test_fidelity_quick(tmp_path):
         assert 0 < r["distinct_1"] <= 1 and 0 < r["distinct_2"] <= 1 and r["tokens_per_target_call"] >= 1
     assert rows[0]["mean_ess_fraction"] is None and 0 < rows[1]["mean_ess_fraction"] <= 1
     assert 0 <= rows[1]["resample_rate"] <= 1
+    with pytest.raises(SystemExit):  # a clear parse error, before anything runs
+        fidelity.main(["--pair", "tiny-arith", "--draft-temperature", "0", "--out", str(out)])
 
 
 def test_distinct_n_counts_repeated_ngrams():

@@ -3,6 +3,7 @@ length of the outputs, with 95 % confidence intervals, for smc at several N agai
 
     python -m experiments.studies.fidelity --pair tiny-arith --n 2 4 8 16 64 --samples 8
     python -m experiments.studies.fidelity --pair smollm2-135m --drafter dflash-dpace --n 2 4 8 16 64 --prompts 6 --samples 2
+    python -m experiments.studies.fidelity --pair smollm2-135m --n 2 4 --k 2 3 --draft-temperature 0.7 0.4 --temperature 0.7
 
 `ar` samples exactly from p_T, so its mean log p_T per token is what an exact sampler scores. `smc` is consistent,
 not exact: at finite N its output law is sharper than p_T (resampling favours high-weight particles, i.e.
@@ -96,7 +97,10 @@ def main(argv=None):
                     help="a drafter checkpoint directory instead (an AR model or an EAGLE-3 head a training run "
                          "wrote, e.g. a proposal before it ships)")
     ap.add_argument("--n", type=int, nargs="+", default=[2, 4, 8, 16, 64])
-    ap.add_argument("--k", type=int, default=3)
+    ap.add_argument("--k", type=int, nargs="+", default=[3], help="smc's draft length(s) K")
+    ap.add_argument("--draft-temperature", type=float, nargs="+", default=[None],
+                    help="the proposal's temperature(s) (default: --temperature); below it the proposal is sharper "
+                         "than the target law, and smc's weights correct for it")
     ap.add_argument("--ess-threshold", type=float, default=0.5)
     ap.add_argument("--temperature", type=float, default=1.0)
     ap.add_argument("--prompts", type=int, default=64)
@@ -116,17 +120,23 @@ def main(argv=None):
     else:
         target, drafter = smcsd.load(args.pair, drafter=args.drafter) if args.drafter else smcsd.load(args.pair)
     prompts, stops = load_prompts(args.pair, target, args.prompts)
-    cells = [("ar", 1)] + [("smc", n) for n in args.n]
+    for name, values in (("--k", args.k), ("--n", args.n)):
+        if any(v < 1 for v in values):
+            ap.error(f"{name} values must be >= 1, got {values}")
+    if any(t is not None and not t > 0 for t in args.draft_temperature):
+        ap.error(f"--draft-temperature values must be > 0, got {args.draft_temperature}")
+    cells = [("ar", 1, None, None)] + [("smc", n, k, dt) for dt in args.draft_temperature for k in args.k
+                                       for n in args.n]
     rows, body = [], []
     ar_mean = None
-    for method, n in cells:
+    for method, n, k, dtemp in cells:
         outs, src, ess, rate, tpc = [], [], [], [], []
         for s in range(args.samples):
             kw = dict(target=target, method=method, temperature=args.temperature, max_new_tokens=args.max_new_tokens,
                       seed=1000 * s + 7, eos_id=stops)
             if method == "smc":
-                kw.update(draft=drafter, num_particles=n, num_speculative_tokens=args.k,
-                          ess_threshold=args.ess_threshold)
+                kw.update(draft=drafter, num_particles=n, num_speculative_tokens=k,
+                          ess_threshold=args.ess_threshold, draft_temperature=dtemp)
             res = smcsd.decode(prompts, **kw)
             if method == "smc":
                 ess.append(res.stats.mean_ess_fraction)
@@ -144,7 +154,10 @@ def main(argv=None):
         lm, lh = ci95(lens)
         pm, ph = ci95(per_prompt)
         ar_mean = m if method == "ar" else ar_mean
-        row = dict(method=method, N=n if method == "smc" else None, outputs=len(outs), mean_logp=m, mean_logp_ci=h,
+        smc = method == "smc"
+        row = dict(method=method, N=n if smc else None, K=k, draft_temperature=(dtemp if dtemp is not None else
+                                                                                args.temperature) if smc else None,
+                   outputs=len(outs), mean_logp=m, mean_logp_ci=h,
                    per_prompt_mean_logp=pm, per_prompt_ci=ph, mean_length=lm, mean_length_ci=lh,
                    logp_minus_ar=None if method == "ar" else m - ar_mean,
                    distinct_1=distinct_n(outs, 1), distinct_2=distinct_n(outs, 2),
@@ -152,7 +165,9 @@ def main(argv=None):
                    mean_ess_fraction=statistics.fmean(ess) if ess else None,
                    resample_rate=statistics.fmean(rate) if rate else None)
         rows.append(row)
-        body.append(["ar" if method == "ar" else f"smc N={n}", len(outs), f"{m:.3f} ± {h:.3f}",
+        label = "ar" if not smc else f"smc N={n}" + (f" K={k}" if len(args.k) > 1 else "") + (
+            f" τ_q={row['draft_temperature']:g}" if len(args.draft_temperature) > 1 else "")
+        body.append([label, len(outs), f"{m:.3f} ± {h:.3f}",
                      "–" if method == "ar" else f"{m - ar_mean:+.3f}", f"{pm:.3f} ± {ph:.3f}", f"{lm:.1f} ± {lh:.1f}",
                      f"{row['distinct_1']:.3f} / {row['distinct_2']:.3f}",
                      "–" if method == "ar" else f"{row['mean_ess_fraction']:.2f} / {row['resample_rate']:.2f}",
@@ -165,7 +180,8 @@ def main(argv=None):
     result = report.new_result(
         "smcsd.fidelity/1", machine=report.machine_info(), pair=args.pair,
         drafter=getattr(drafter, "describe", lambda: str(drafter))(),
-        settings=dict(k=args.k, ess_threshold=args.ess_threshold, temperature=args.temperature, prompts=len(prompts),
+        settings=dict(k=args.k if len(args.k) > 1 else args.k[0], draft_temperature=args.draft_temperature,
+                      ess_threshold=args.ess_threshold, temperature=args.temperature, prompts=len(prompts),
                       samples=args.samples, max_new_tokens=args.max_new_tokens),
         rows=rows, markdown=table, command=report.command(__file__, argv))
     out = args.out or report.results_path(f"fidelity_{args.pair}.json")
