@@ -1,10 +1,8 @@
 """`smcsd.decode(method="ar")` and the processed sampling distribution."""
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from scipy import stats as sps
 
 import smcsd
 from smcsd.models import ByteTokenizer, ModelConfig, init_model

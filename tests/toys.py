@@ -6,7 +6,6 @@ from __future__ import annotations
 import functools
 import itertools
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 from scipy import stats as sps

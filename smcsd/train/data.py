@@ -315,12 +315,10 @@ class TeacherStream:
         self.params = target.params
         self.corpus = corpus
         self.mesh = None
-        split = False  # other processes feed other rows of each batch
         if mesh is not None:
             from ..runtime.mesh import check_mesh
             mesh = check_mesh(mesh)
             self.mesh = teacher_mesh(mesh)
-            split = self.mesh.devices.shape[0] < dict(mesh.shape)["data"] and jax.process_count() > 1
         V = self.config.vocab_size
         if topk is not None and topk != 0 and not (isinstance(topk, int) and 1 <= topk <= V):
             raise ValueError(f"topk must be an int in [1, vocab_size={V}] or None/0 for full log-probs, got {topk!r}")

@@ -546,7 +546,6 @@ def train(loss_fn: Callable, params, batches: Callable[[int], Any], *, steps: in
                                  f"{json.dumps(diff)}; use the same settings (the drafter's configuration and the "
                                  "training arguments), or overwrite=True to restart")
             misfit = _arrays_diff(saved.get(_ARRAYS), _arrays_signature(params, opt_state))
-            error = None
             if misfit is None:
                 try:
                     params, opt_state, start, saved = restore_checkpoint(mngr, params, opt_state)
