@@ -15,6 +15,18 @@ from experiments.common import CORPUS, DOCS, REPO
 
 
 
+# Commands recorded before the experiments became a package name the script's old path; the card shows the module
+# that runs the same code now (the manifest keeps them as they ran).
+_OLD_SCRIPTS = {"python experiments/build_corpus.py": "python -m experiments.train.build_corpus"}
+
+
+def as_module_command(command: str) -> str:
+    for old, new in _OLD_SCRIPTS.items():
+        if command == old or command.startswith(old + " "):
+            return new + command[len(old):]
+    return command
+
+
 def card(path: str) -> str:
     with open(os.path.join(path, "manifest.json")) as f:
         m = json.load(f)
@@ -74,7 +86,7 @@ def card(path: str) -> str:
               "are held out; the benchmark prompts of `experiments/bench/smollm2_pair.py` are excluded from the pool.",
               "", "## Settings", "", "```json", json.dumps(m["settings"], indent=1), "```", "",
               "## Build commands", ""]
-    lines += [f"- `{c}`" for c in m.get("commands", [])]
+    lines += [f"- `{as_module_command(c)}`" for c in m.get("commands", [])]
     return "\n".join(lines) + "\n"
 
 
