@@ -543,3 +543,12 @@ def test_cut_eagle_vocab_script_writes_a_smaller_head(tmp_path):
     with open(os.path.join(out, "training.json")) as f:
         info = json.load(f)
     assert info["size_before"] == len(source.vocab) and 0.5 < info["answer_coverage"] < info["answer_coverage_before"]
+
+
+def test_corpus_card_names_old_script_commands_by_module():
+    from experiments.docs.corpus_card import as_module_command
+    assert as_module_command("python experiments/build_corpus.py --batch-size 128") == \
+        "python -m experiments.train.build_corpus --batch-size 128"
+    assert as_module_command("python experiments/build_corpus.py") == "python -m experiments.train.build_corpus"
+    assert as_module_command("python experiments/build_corpus.pyx") == "python experiments/build_corpus.pyx"
+    assert as_module_command("python -m experiments.train.build_corpus") == "python -m experiments.train.build_corpus"
