@@ -108,6 +108,11 @@ def main(argv=None):
     ap.add_argument("--max-new-tokens", type=int, default=48)
     ap.add_argument("--out", default=None, help="JSON path (default: results/fidelity_<pair>.json)")
     args = ap.parse_args(argv)
+    for name, values in (("--k", args.k), ("--n", args.n)):
+        if any(v < 1 for v in values):
+            ap.error(f"{name} values must be >= 1, got {values}")
+    if any(t is not None and not t > 0 for t in args.draft_temperature):
+        ap.error(f"--draft-temperature values must be > 0, got {args.draft_temperature}")
 
     import smcsd
 
@@ -120,11 +125,6 @@ def main(argv=None):
     else:
         target, drafter = smcsd.load(args.pair, drafter=args.drafter) if args.drafter else smcsd.load(args.pair)
     prompts, stops = load_prompts(args.pair, target, args.prompts)
-    for name, values in (("--k", args.k), ("--n", args.n)):
-        if any(v < 1 for v in values):
-            ap.error(f"{name} values must be >= 1, got {values}")
-    if any(t is not None and not t > 0 for t in args.draft_temperature):
-        ap.error(f"--draft-temperature values must be > 0, got {args.draft_temperature}")
     cells = [("ar", 1, None, None)] + [("smc", n, k, dt) for dt in args.draft_temperature for k in args.k
                                        for n in args.n]
     rows, body = [], []
