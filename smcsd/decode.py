@@ -203,6 +203,7 @@ def decode(
     select: str = "sample",
     return_particles: bool = False,
     tree=None,
+    confidence_cut: float = 0.0,
     mesh=None,
     **unexpected,
 ) -> DecodeResult:
@@ -231,6 +232,8 @@ def decode(
     ess_threshold, resampler, alpha, select, return_particles: smc's resampling threshold (ESS < τ·N), scheme
     (`smcsd.resample`), target exponent p_T^α, output particle (`sample` ∝ weight or `argmax`), and whether to
     return every particle and its log-weight (docs/methods.md).
+    confidence_cut: `sd` verifies only the drafts whose cumulative top-1 confidence under the drafter stays >= it
+    (0..K of them; the target's call shrinks with them, exactness unchanged; 0: all K; docs/methods.md).
     A misspelled keyword raises a TypeError that lists the valid ones. `prepare` takes the same keywords and
     returns the laid-out call without running it. Returns a `DecodeResult` with the new tokens per request (in
     request order), texts, and stats.
@@ -242,7 +245,8 @@ def decode(
                 temperature=temperature, top_k=top_k, top_p=top_p, seed=seed, eos_id=eos_id,
                 num_speculative_tokens=num_speculative_tokens, num_particles=num_particles,
                 draft_temperature=draft_temperature, ess_threshold=ess_threshold, resampler=resampler, alpha=alpha,
-                select=select, return_particles=return_particles, tree=tree, mesh=mesh)
+                select=select, return_particles=return_particles, tree=tree, confidence_cut=confidence_cut,
+                mesh=mesh)
     program, compile_s = compiled_program(p.method, p.target.config, p.draft, p.spec, p.args, mesh=p.mesh)
     start = time.perf_counter()
     raw = program(*p.args)
@@ -273,6 +277,7 @@ def prepare(
     select: str = "sample",
     return_particles: bool = False,
     tree=None,
+    confidence_cut: float = 0.0,
     mesh=None,
 ) -> Prepared:
     """Check a `decode` call's arguments and lay it out (static spec, traced inputs, params), without compiling or
@@ -281,11 +286,12 @@ def prepare(
     if isinstance(method, Method):  # a method with its options (smcsd.methods): the same as the keyword form
         opts = merge_options(method, {"num_speculative_tokens": num_speculative_tokens, "num_particles": num_particles,
                                       "tree": tree, "ess_threshold": ess_threshold, "resampler": resampler,
-                                      "alpha": alpha, "select": select, "return_particles": return_particles},
+                                      "alpha": alpha, "select": select, "return_particles": return_particles,
+                                      "confidence_cut": confidence_cut},
                              _OPTION_DEFAULTS)
         num_speculative_tokens, num_particles, tree = opts["num_speculative_tokens"], opts["num_particles"], opts["tree"]
         ess_threshold, resampler, alpha = opts["ess_threshold"], opts["resampler"], opts["alpha"]
-        select, return_particles = opts["select"], opts["return_particles"]
+        select, return_particles, confidence_cut = opts["select"], opts["return_particles"], opts["confidence_cut"]
         method = method.name
     if method is not None and not isinstance(method, str):
         raise TypeError(f"method must be a method's name (one of: {', '.join(sorted(METHODS))}) or a "
@@ -344,6 +350,13 @@ def prepare(
         takes = [name for name, m in sorted(METHODS.items()) if m.takes_tree]
         raise ValueError(f"tree= shapes method={' or '.join(repr(t) for t in takes)} only, but method is {method!r}; "
                          f"drop tree= or use {' or '.join(takes)}")
+    if isinstance(confidence_cut, bool) or not isinstance(confidence_cut, numbers.Real) \
+            or not 0 <= confidence_cut < 1:
+        raise ValueError(f"confidence_cut must be a number in [0, 1) (0 verifies every draft), got {confidence_cut!r}")
+    if confidence_cut and not mdef.takes_cut:
+        takes = [name for name, m in sorted(METHODS.items()) if m.takes_cut]
+        raise ValueError(f"confidence_cut= shapes method={' or '.join(repr(t) for t in takes)} only, but method is "
+                         f"{method!r}; drop confidence_cut= or use {' or '.join(takes)}")
     if tree is None and choice.tree is not None and mdef.takes_tree and num_speculative_tokens is None:
         tree = choice.tree  # the pair's measured tree (its depth is K)
     options = MethodOptions(num_speculative_tokens=K, num_speculative_tokens_given=num_speculative_tokens is not None,
@@ -393,7 +406,8 @@ def prepare(
                       num_stop=max(1, len(stops)), num_speculative_tokens=K_eff, num_particles=N_eff,
                       resampler=resampler if mdef.resamples else "", select=select if mdef.resamples else "",
                       return_particles=bool(return_particles) and mdef.resamples,
-                      tree=tree if mdef.takes_tree else None)
+                      tree=tree if mdef.takes_tree else None,
+                      confidence_cut=float(confidence_cut) if mdef.takes_cut else 0.0)
 
     pad = target.tokenizer.pad_id if getattr(target.tokenizer, "pad_id", None) is not None else 0
     prompt_arr = np.full((B, prompt_width), pad, np.int32)

@@ -225,7 +225,7 @@ def test_packed_verify_matches_unpacked_and_ar():
 
 def test_verify_widths():
     """The cut's static widths, and the narrowest one holding every live row's L (dead rows do not count)."""
-    from smcsd.methods.flex import width_index, verify_widths
+    from smcsd.methods.sd import width_index, verify_widths
     assert verify_widths(1) == (1,) and verify_widths(4) == (1, 2, 4) and verify_widths(6) == (1, 2, 4, 6)
     widths = verify_widths(6)
     live = jnp.array([True, True, False])

@@ -4,6 +4,7 @@
     python -m experiments.bench.smollm2_pair                          # drafter ar-distilled, batch 1, T=0.7
     python -m experiments.bench.smollm2_pair --sd-ks 3 4 --smc 2:3 4:3 --repeats 2
     python -m experiments.bench.smollm2_pair --drafters ar-distilled dflash-dpace --sd-ks 3 4 8 --smc 2:4
+    python -m experiments.bench.smollm2_pair --drafters eagle --sd-ks 2 --sd-cuts 3:0.3 4:0.3 --temperature 0
     python -m experiments.bench.smollm2_pair --pair tiny-code --drafters ar-distilled dflash-dpace --batch-sizes 1 8
 
 Prompts: for SmolLM2, chat requests that are not in the drafter's training corpus (other topics and tasks than
@@ -33,6 +34,17 @@ def parse_cell(spec: str) -> tuple[int, int]:
     return n, k
 
 
+def parse_cut(spec: str) -> tuple[int, float]:
+    try:
+        k, cut = spec.split(":")
+        k, cut = int(k), float(cut)
+    except ValueError:
+        raise SystemExit(f"--sd-cuts cells are K:CUT pairs (e.g. 3:0.3: sd K=3 with confidence_cut=0.3), got {spec!r}")
+    if k < 1 or not 0 < cut < 1:
+        raise SystemExit(f"--sd-cuts {spec}: K must be >= 1 and the cut in (0, 1)")
+    return k, cut
+
+
 def resample_rate(a: dict, batch: int) -> float | None:
     """Fraction of (request, cycle) pairs that resampled (num_resamples counts per request)."""
     return a["resamples"] / (a["cycles"] * batch) if a.get("ran") == "smc" and a["cycles"] else None
@@ -42,13 +54,14 @@ def render(rows: list[dict]) -> str:
     body = []
     for r in rows:
         method, k, n = r["method"], r["K"], r["N"]
-        label = {"ar": "ar", "sd": f"sd K={k}", "smc": f"smc N={n} K={k}", "sd-tree": f"sd-tree {k}"}.get(
-            method, f"default ({r['ran']})")
+        label = {"ar": "ar", "sd": f"sd K={k}", "smc": f"smc N={n} K={k}", "sd-tree": f"sd-tree {k}",
+                 "sd-cut": f"sd K={k} cut={r.get('cut')}"}.get(method, f"default ({r['ran']})")
         body.append([r["batch"], r["drafter"] or "–", label, f"{r['tps']:.1f}", f"{r['speedup']:.2f}×",
-                     f"{r['tokens_per_call']:.2f}", report.fmt(r["acceptance"]),
+                     f"{r['tokens_per_call']:.2f}", report.fmt(r.get("verified_per_cycle")), report.fmt(r["acceptance"]),
                      report.fmt(r.get("first_draft_acceptance")), report.fmt(r["resample_rate"]),
                      r["tokens"]])
     return report.markdown_table(["batch", "drafter", "method", "tok/s", "vs ar", "tokens/target call",
+                                  "drafts verified per cycle (sd)",
                                   "acceptance (sd)", "first-draft acceptance (sd)",
                                   "resampling rate (smc)", "new tokens"], body)
 
@@ -62,6 +75,8 @@ def main(argv=None):
     ap.add_argument("--drafters", nargs="+", default=None,
                     help="drafter names of the pair, each run with every sd / smc cell (default: its best)")
     ap.add_argument("--sd-ks", type=int, nargs="*", default=[2, 3, 4, 6])
+    ap.add_argument("--sd-cuts", nargs="*", default=[], metavar="K:CUT",
+                    help="sd cells with a confidence cut (smcsd.SD(num_speculative_tokens=K, confidence_cut=CUT))")
     ap.add_argument("--smc", nargs="*", default=["1:3", "2:3", "2:4", "4:3"], help="N:K cells for smc")
     ap.add_argument("--trees", nargs="*", default=[], metavar="TREE",
                     help="sd-tree cells, each a tree string (e.g. 2,1 or 2,1,1:sample; smcsd.TreeSpec.parse)")
@@ -117,6 +132,7 @@ def main(argv=None):
         limit = getattr(d, "max_tokens_per_proposal", None)
         fits = lambda k: limit is None or k <= limit  # noqa: E731
         cells += [("sd", name, 0, k) for k in args.sd_ks if fits(k)]
+        cells += [("sd-cut", name, 0, kc) for kc in map(parse_cut, args.sd_cuts) if fits(kc[0])]
         cells += [("smc", name, n, k) for n, k in map(parse_cell, args.smc) if fits(k)]
         cells += [("sd-tree", name, 0, t) for t in args.trees]
 
@@ -128,11 +144,13 @@ def main(argv=None):
                   seed=seed)
         if method == "default":  # what decode picks with the pair's default drafter and no method
             kw.update(draft=default_drafter)
+        elif method == "sd-cut":
+            kw.update(method=smcsd.SD(num_speculative_tokens=k[0], confidence_cut=k[1]), draft=drafters[name])
         else:
             kw.update(method=method)
         if method == "sd-tree":  # the tree fixes K (its depth)
             kw.update(draft=drafters[name], tree=k)
-        elif method not in ("ar", "default"):
+        elif method not in ("ar", "default", "sd-cut"):
             kw.update(draft=drafters[name], num_speculative_tokens=k)
         if method == "smc":
             kw.update(num_particles=n)
@@ -167,7 +185,11 @@ def main(argv=None):
     for (B, (method, name, n, k)), a in acc.items():
         ar = acc[(B, ("ar", None, 0, 0))]
         tps = a["tokens"] / a["wall_s"]
-        rows.append(dict(batch=B, method=method, drafter=name, N=n or None, K=k or None, **a, tps=tps,
+        cut = None
+        if method == "sd-cut":
+            k, cut = k
+        rows.append(dict(batch=B, method=method, drafter=name, N=n or None, K=k or None, cut=cut, **a, tps=tps,
+                         verified_per_cycle=a["drafted"] / a["drafts"] if a.get("ran") == "sd" and a["drafts"] else None,
                          speedup=tps / (ar["tokens"] / ar["wall_s"]), tokens_per_call=a["tokens"] / max(a["calls"], 1),
                          acceptance=a["accepted"] / a["drafted"] if a.get("ran") == "sd" and a["drafted"] else None,
                          first_draft_acceptance=(a["first_accepted"] / a["drafts"]

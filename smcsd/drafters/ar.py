@@ -17,7 +17,7 @@ from smcsd.models import LanguageModel, ModelConfig, forward_cached, forward_tre
 
 from ..runtime.engine import prefill
 from ..sampling import process_logits, sample
-from .base import Drafter, Proposal, TreeProposal
+from .base import Drafter, Proposal, TreeProposal, top1_confidence
 from .tree import product_tree, static_ancestors
 
 
@@ -100,20 +100,21 @@ class ARDrafter(Drafter):
         last = jnp.take_along_axis(logits, (feed_count - 1)[:, None, None], axis=1)[:, 0]
         logq0 = process_logits(last, sampling)
         tok0 = sample(keys[0], logq0)
+        conf0 = top1_confidence(last)
         if num_tokens == 1:
-            return Proposal(tok0[:, None], logq0[:, None], cache)
+            return Proposal(tok0[:, None], logq0[:, None], cache, conf0[:, None])
 
         def step(carry, k):
             tok, cache = carry
             logits, cache = forward_cached(config, params, tok[:, None], cache)
             logq = process_logits(logits[:, 0], sampling)
             nxt = sample(k, logq)
-            return (nxt, cache), (nxt, logq)
+            return (nxt, cache), (nxt, logq, top1_confidence(logits[:, 0]))
 
-        (_, cache), (toks, logqs) = jax.lax.scan(step, (tok0, cache), keys[1:])
+        (_, cache), (toks, logqs, confs) = jax.lax.scan(step, (tok0, cache), keys[1:])
         tokens = jnp.concatenate([tok0[:, None], toks.T], axis=1)
         logq = jnp.concatenate([logq0[:, None], jnp.swapaxes(logqs, 0, 1)], axis=1)
-        return Proposal(tokens, logq, cache)
+        return Proposal(tokens, logq, cache, jnp.concatenate([conf0[:, None], confs.T], axis=1))
 
     def propose_tree(self, params, state, feed, feed_count, key, sampling, tree) -> TreeProposal:
         """A product tree (`tree.branching`) level by level: one call on the pending tokens, then one tree-masked

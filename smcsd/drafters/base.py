@@ -48,6 +48,15 @@ class Proposal(NamedTuple):
     tokens: jax.Array  # int32[R, K]: proposed x_1..x_K
     logq: jax.Array  # float32[R, K, V]: processed log-distribution each token was sampled from
     state: Any  # drafter state holding the fed tokens and x_1..x_{K-1} (x_K is not yet fed)
+    # float32[R, K] or None: log of the drafter's top-1 probability at temperature 1 at each position
+    # (`top1_confidence`; the AR and feature drafters report it), for `sd`'s confidence cut
+    # (`SD(confidence_cut=...)`); None: the cut reads max log q (so at T=0 it never cuts)
+    confidence: Any = None
+
+
+def top1_confidence(logits):
+    """log of the top-1 probability at temperature 1 of raw `logits [..., V]`: a drafter's `Proposal.confidence`."""
+    return jnp.max(jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1), axis=-1)
 
 
 class TreeProposal(NamedTuple):

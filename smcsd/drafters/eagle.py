@@ -51,7 +51,7 @@ from smcsd.models.rope import apply_rope, inverse_frequencies, rope_tables
 from smcsd.models.transformer import MLP, Part, RMSNorm, attend
 
 from ..sampling import process_logits, sample
-from .base import Drafter, Proposal, TreeProposal, check_hidden_layers
+from .base import Drafter, Proposal, TreeProposal, check_hidden_layers, top1_confidence
 from .tree import product_tree, static_ancestors
 from .vocab import DraftVocab, floor_mixture, sample_floor_mixture, stop_ids_of
 
@@ -630,9 +630,10 @@ class EagleDrafter(Drafter):
         att = attend(q, _parts(cache, own), self._dt())
         return self._net(params, EagleNet.out, feat[:, None], att)[:, 0], cache
 
-    def _head_logq(self, params, a, sampling):
-        """(processed log q′ over the head's tokens `[..., V′]`, full-vocabulary log q `[..., V]`) of outputs a."""
-        lq = process_logits(self._net(params, EagleNet.logits, a), sampling)
+    def _head_logq(self, params, a, sampling, raw=None):
+        """(processed log q′ over the head's tokens `[..., V′]`, full-vocabulary log q `[..., V]`) of outputs a (`raw`:
+        the head's logits of a, when the caller has them)."""
+        lq = process_logits(self._net(params, EagleNet.logits, a) if raw is None else raw, sampling)
         if self.vocab is None:
             return lq, lq
         return lq, floor_mixture(lq, params["d2t"], self.vocab_size, self.floor)
@@ -653,14 +654,16 @@ class EagleDrafter(Drafter):
         def step(carry, k):
             cache, feat, tok, pos = carry
             a, cache = self._step(params, cache, feat, tok, pos)
-            lq, logq = self._head_logq(params, a, sampling)
+            raw = self._net(params, EagleNet.logits, a)
+            lq, logq = self._head_logq(params, a, sampling, raw)
             nxt = self._draw(params, k, lq)
-            return (cache, a, nxt, pos + 1), (nxt, logq)
+            conf = top1_confidence(raw)
+            return (cache, a, nxt, pos + 1), (nxt, logq, conf)
 
-        (cache, _, _, _), (toks, logqs) = jax.lax.scan(step, (state.cache, state.feature, pending, tl),
-                                                       jax.random.split(key, num_tokens))
+        (cache, _, _, _), (toks, logqs, conf) = jax.lax.scan(step, (state.cache, state.feature, pending, tl),
+                                                             jax.random.split(key, num_tokens))
         new = EagleState(cache.set_lengths(tl + num_tokens), state.feature)
-        return Proposal(toks.T, jnp.swapaxes(logqs, 0, 1), new)
+        return Proposal(toks.T, jnp.swapaxes(logqs, 0, 1), new, conf.T)
 
     def propose_tree(self, params, state: EagleState, feed, feed_count, key, sampling, tree) -> TreeProposal:
         """A product tree level by level: one call on the pending token, then one call per level over its nodes, each

@@ -47,7 +47,7 @@ from .base import ChainMethod
 from ..runtime.engine import MethodDef, ProgramParts, StaticSpec, loop_program, register_method
 from ..sampling import process_logits, sample
 from ..runtime.engine import is_stop
-from .sd import SDState, finish_cycle
+from .sd import SDState, finish_cycle, pad_to, verify_widths, width_index
 from ..verify import chain_accept, sample_probs
 
 
@@ -85,28 +85,6 @@ def pack_index(lengths, K: int, budget: int):
     B = lengths.shape[0]
     valid = (jnp.arange(K)[None, :] < lengths[:, None]).reshape(-1)
     return jnp.nonzero(valid, size=budget, fill_value=B * K)[0].astype(jnp.int32)
-
-
-def verify_widths(K: int) -> tuple[int, ...]:
-    """The static verification widths a cut cycle may use: 1, 2, 4, ... below K, and K. A cycle verifies
-    min{w : w >= max L over live rows} drafts, so one compiled program covers every cut (no recompiles)."""
-    widths, w = [], 1
-    while w < K:
-        widths.append(w)
-        w *= 2
-    return tuple(widths) + (K,)
-
-
-def width_index(L, live, widths):
-    """Index into `widths` of the narrowest width holding every live row's L (0 when no row is live)."""
-    need = jnp.max(jnp.where(live, L, 0))
-    return jnp.sum(jnp.asarray(widths, jnp.int32) < need).astype(jnp.int32)
-
-
-def _pad_to(x, n, axis=1):
-    pad = [(0, 0)] * x.ndim
-    pad[axis] = (0, n - x.shape[axis])
-    return jnp.pad(x, pad)
 
 
 def _accept(key_u, key_c, p, q, x, L):
@@ -169,7 +147,7 @@ def program_parts(target_cfg, drafter, spec: StaticSpec) -> ProgramParts:
                 def call(cache):
                     lg, cache, mh, _ = forward_flex(target_cfg, tp, fp, block[:, :w + 1], cache,
                                                     anchors[:, :w + 1], S, num_valid=jnp.where(live, w + 1, 0))
-                    return _pad_to(lg, K + 1), cache, _pad_to(mh, K + 1)
+                    return pad_to(lg, K + 1), cache, pad_to(mh, K + 1)
                 return call
 
             if tau:  # the cut: the narrowest width that holds every live row's L, one branch per width
@@ -190,7 +168,7 @@ def program_parts(target_cfg, drafter, spec: StaticSpec) -> ProgramParts:
             def verify_call(w):  # the verify pass over the first w drafts
                 def call(cache):
                     lg, cache = forward_cached(target_cfg, tp, x[:, :w], cache, num_valid=jnp.where(live, w, 0))
-                    return _pad_to(lg, K), cache
+                    return pad_to(lg, K), cache
                 return call
 
             if budget is not None:

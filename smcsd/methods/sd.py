@@ -18,6 +18,7 @@ length, pending token and feed as they were (their cache writes land past the le
 from __future__ import annotations
 
 import dataclasses
+import numbers
 from typing import Any, ClassVar, NamedTuple
 
 import jax
@@ -52,6 +53,7 @@ class SDState(NamedTuple):
     drafts: jax.Array  # int32[]: draft blocks (one per live request per cycle)
     accepted: jax.Array  # int32[]
     per_position: jax.Array  # int32[K]
+    verified: Any = None  # int32[] drafts verified (sd with a confidence cut; None: every cycle verifies all K)
 
 
 def start_drafting(target_cfg, drafter, target_params, draft_params, inp: ProgramInputs, spec: StaticSpec, rows: int,
@@ -129,7 +131,8 @@ def program_result(s: SDState, K: int, drafter):
     return {"tokens": s.out, "lengths": s.n,
             "stats": {"num_target_calls": s.calls, "live_calls": s.live_calls,
                       "num_draft_calls": drafter.calls_per_proposal(K) * s.calls,  # batched drafter calls
-                      "num_drafts": s.drafts, "num_draft_tokens": K * s.drafts,
+                      "num_drafts": s.drafts,
+                      "num_draft_tokens": K * s.drafts if s.verified is None else s.verified,
                       "num_accepted_tokens": s.accepted, "accepted_per_position": s.per_position}}
 
 
@@ -151,16 +154,82 @@ def verify_chain(target_cfg, target_params, target_cache, tok, x, logq, live, k_
     return n_acc, c, block, tcache, hidden, p, q
 
 
+def verify_widths(K: int) -> tuple[int, ...]:
+    """The static verification widths a cut cycle may use (flex's; `sd` adds 0: `cut_widths`): 1, 2, 4, ... below K,
+    and K. A cycle verifies min{w : w >= max L over live rows} drafts, so one compiled program covers every cut (no
+    recompiles)."""
+    widths, w = [], 1
+    while w < K:
+        widths.append(w)
+        w *= 2
+    return tuple(widths) + (K,)
+
+
+def width_index(L, live, widths):
+    """Index into `widths` of the narrowest width holding every live row's L (0 when no row is live)."""
+    need = jnp.max(jnp.where(live, L, 0))
+    return jnp.sum(jnp.asarray(widths, jnp.int32) < need).astype(jnp.int32)
+
+
+def pad_to(x, n, axis=1):
+    """`x` zero-padded along `axis` to length n (a narrow call's outputs in a wide branch's shape)."""
+    pad = [(0, 0)] * x.ndim
+    pad[axis] = (0, n - x.shape[axis])
+    return jnp.pad(x, pad)
+
+
+def cut_widths(K: int) -> tuple[int, ...]:
+    """The static verification widths of `sd`'s confidence cut: 0 (a plain target step), 1, 2, 4, ... below K, and
+    K. A cycle verifies the narrowest that holds every live row's cut length, so one program covers every cut."""
+    return (0,) + verify_widths(K)
+
+
+def confidence_lengths(prop, cut: float):
+    """Drafts to verify per row `[B]` in [0, K]: L = #{i : prod_{j<=i} c_j >= cut}, with c_j the drafter's top-1
+    probability at temperature 1 at position j (`Proposal.confidence`), or max q_j where the drafter reports none.
+    It reads the drafter only, never the target, so verifying a prefix of the drafts leaves `sd` exact."""
+    conf = prop.confidence if prop.confidence is not None else jnp.max(prop.logq, axis=-1)
+    cum = jnp.cumsum(conf.astype(jnp.float32), axis=1)
+    return jnp.sum(cum >= jnp.log(jnp.float32(cut)), axis=1).astype(jnp.int32)
+
+
+def verify_cut(target_cfg, target_params, target_cache, tok, x, logq, live, lengths, k_accept, k_corr, sampling,
+               hidden_layers=()):
+    """`verify_chain` with only each row's first `lengths[r]` drafts tried: the target's call covers the narrowest of
+    `cut_widths(K)` holding every live row's length (one `lax.switch` branch per width; width 0 is a plain target
+    step on x0). Returns what `verify_chain` returns, padded to K + 1 positions."""
+    B, K = x.shape
+    widths = cut_widths(K)
+    block = jnp.concatenate([tok[:, None], x], axis=1)
+
+    def branch(w):
+        def call(cache):
+            logits, cache, hidden = verify_call(target_cfg, target_params, block[:, :w + 1], cache,
+                                                jnp.where(live, w + 1, 0), hidden_layers)
+            return pad_to(logits, K + 1), cache, (None if hidden is None else pad_to(hidden, K + 1))
+        return call
+
+    logits, tcache, hidden = jax.lax.switch(width_index(lengths, live, widths), [branch(w) for w in widths],
+                                            target_cache)
+    p = jnp.exp(process_logits(logits, sampling))  # [B, K+1, V]: positions past the width are padding (never read)
+    q = jnp.exp(logq)
+    n_acc, r = chain_accept(p, q, x, jax.random.uniform(k_accept, (B, K)), lengths=lengths)
+    c = sample_probs(k_corr, r)
+    return n_acc, c, block, tcache, hidden, p, q
+
+
 # ----------------------------------------------------------------------------- sd
 
 def program_parts(target_cfg, drafter, spec: StaticSpec) -> ProgramParts:
     """Speculative decoding with one draft per request (Leviathan et al. 2023; Chen et al. 2023), as
     init / cycle / finish (`smcsd.runtime.ProgramParts`)."""
     K = spec.num_speculative_tokens
+    cut = spec.confidence_cut
     drafter = as_drafter(drafter)
 
     def init(target_params, draft_params, inp: ProgramInputs) -> SDState:
-        return start(target_cfg, drafter, target_params, draft_params, inp, spec, rows=1)
+        s = start(target_cfg, drafter, target_params, draft_params, inp, spec, rows=1)
+        return s._replace(verified=jnp.int32(0)) if cut else s
 
     def cycle(target_params, draft_params, inp: ProgramInputs, s: SDState) -> SDState:
         key, k_draft, k_accept, k_corr = jax.random.split(s.key, 4)
@@ -168,9 +237,16 @@ def program_parts(target_cfg, drafter, spec: StaticSpec) -> ProgramParts:
         tlen_before, dlen_before = s.target_cache.lengths, drafter.lengths(s.draft_state)
         prop = drafter.propose(draft_params, s.draft_state, s.feed, s.feed_count, k_draft, inp.draft_sampling, K)
         x = prop.tokens  # [B, K]
-        n_acc, c, block, tcache, hidden, p, q = verify_chain(target_cfg, target_params, s.target_cache, s.tok, x,
-                                                             prop.logq, live, k_accept, k_corr, inp.sampling,
-                                                             drafter.hidden_layers)
+        if cut:  # verify only the drafts the drafter is confident in (0..K of them)
+            L = confidence_lengths(prop, cut)
+            n_acc, c, block, tcache, hidden, p, q = verify_cut(target_cfg, target_params, s.target_cache, s.tok, x,
+                                                               prop.logq, live, L, k_accept, k_corr, inp.sampling,
+                                                               drafter.hidden_layers)
+            s = s._replace(verified=s.verified + jnp.sum(jnp.where(live, L, 0)))
+        else:
+            n_acc, c, block, tcache, hidden, p, q = verify_chain(target_cfg, target_params, s.target_cache, s.tok,
+                                                                 x, prop.logq, live, k_accept, k_corr, inp.sampling,
+                                                                 drafter.hidden_layers)
 
         s = s._replace(key=key)
         s, tlen, dlen = finish_cycle(s, inp, K, n_acc, x, c, tlen_before, dlen_before)
@@ -197,11 +273,29 @@ def headroom(num_speculative_tokens, num_particles, tree=None):
 
 
 DEFINITION = register_method(MethodDef(name="sd", build=build_sd, needs_draft=True, headroom=headroom,
-                                       parts=program_parts))
+                                       parts=program_parts, takes_cut=True))
+
+
+def check_cut(owner: str, value):
+    """None, or a confidence cut in [0, 1) as a float, else a ValueError naming `owner(confidence_cut=...)`."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not 0 <= value < 1:
+        raise ValueError(f"{owner}(confidence_cut={value!r}): confidence_cut must be a number in [0, 1) (0 verifies "
+                         "all K drafts every cycle; 0.3 verifies drafts while the product of the drafter's top-1 "
+                         "probabilities stays >= 0.3)")
+    return float(value)
 
 
 @dataclasses.dataclass(frozen=True, repr=False)
 class SD(ChainMethod):
-    """`sd`: exact speculative decoding with one chain of `num_speculative_tokens` drafts per cycle."""
+    """`sd`: exact speculative decoding with one chain of `num_speculative_tokens` drafts per cycle, of which only
+    the first L are verified when `confidence_cut` > 0 (L = the drafts whose cumulative top-1 confidence under the
+    drafter stays >= the cut, 0..K; the target's call shrinks with L: docs/methods.md)."""
 
     name: ClassVar[str] = "sd"
+    confidence_cut: float | None = None
+
+    def __post_init__(self):
+        super().__post_init__()
+        check_cut("SD", self.confidence_cut)

@@ -39,6 +39,7 @@ class StaticSpec:
     select: str = "sample"
     return_particles: bool = False
     tree: object = None  # sd-tree: the tree's shape (smcsd.drafters.tree.TreeSpec)
+    confidence_cut: float = 0.0  # sd: verify drafts while their cumulative top-1 confidence stays >= this (0: all K)
 
 
 class ProgramInputs(NamedTuple):
@@ -93,6 +94,7 @@ class MethodDef:
     drafter_hint: str = ""
     resamples: bool = False  # resampler= / select= / return_particles= shape its program (smc)
     takes_tree: bool = False  # tree= shapes its program (sd-tree)
+    takes_cut: bool = False  # confidence_cut= shapes its program (sd)
     passes_feedback: bool = True  # an online-learning drafter gets sd's feedback (sd-overlap does not pass it)
     # (options: MethodOptions, drafter) -> MethodOptions: its own checks and its final K (sd-tree: the tree's depth)
     configure: Callable | None = None
