@@ -71,6 +71,7 @@ nonneg_int = _typed(int, lambda v: v >= 0, "an integer >= 0")
 temperature_type = _typed(float, lambda v: math.isfinite(v) and v >= 0, "a finite number >= 0 (0 means greedy)")
 top_p_type = _typed(float, lambda v: 0 < v <= 1, "a number in (0, 1] (1 disables top-p)")
 fraction_type = _typed(float, lambda v: 0 <= v <= 1, "a number in [0, 1]")
+cut_type = _typed(float, lambda v: 0 <= v < 1, "a number in [0, 1)")
 alpha_type = _typed(float, lambda v: math.isfinite(v) and v > 0, "a finite number > 0")
 positive_seconds = _typed(float, lambda v: math.isfinite(v) and v > 0, "a number of seconds > 0")
 
@@ -214,7 +215,7 @@ def _decode_kwargs(args) -> dict:
                 top_k=args.top_k, top_p=args.top_p, seed=args.seed, num_speculative_tokens=args.num_speculative_tokens,
                 num_particles=args.num_particles, draft_temperature=args.draft_temperature,
                 ess_threshold=args.ess_threshold, resampler=args.resampler, alpha=args.alpha, select=args.select,
-                tree=args.tree)
+                tree=args.tree, confidence_cut=args.confidence_cut)
 
 
 def cmd_generate(args) -> int:
@@ -503,6 +504,9 @@ def add_decode_args(p: argparse.ArgumentParser, max_new_tokens: int = 64) -> Non
                     help="smc: target p_T^alpha (1 = p_T itself; default: 1)")
     sp.add_argument("--select", choices=("sample", "argmax"), default="sample",
                     help="smc: output particle drawn by weight, or the heaviest (default: sample)")
+    sp.add_argument("--confidence-cut", type=cut_type, default=0.0, metavar="C",
+                    help="sd: verify only the drafts whose cumulative top-1 confidence under the drafter stays >= C "
+                         "(0..K per cycle; exact either way; default: 0, all K)")
     sp.add_argument("--tree", type=tree_type, default=None, metavar="SHAPE",
                     help="sd-tree: children per depth, e.g. 2,1,1,1 (':distinct' or ':top' for how siblings are "
                          "drawn; '+B' adds B D²SD branches with --drafter d2sd); default: chosen per drafter")

@@ -76,6 +76,14 @@ def test_generate_random_sd_tree_json(capsys):
     assert len(res["stats"]["accepted_per_position"]) == 2  # one count per tree depth
 
 
+def test_generate_random_sd_confidence_cut_json(capsys):
+    code, out, err = run(capsys, "generate", PROMPT, "--model", "random", "--method", "sd", "-K", "3",
+                         "--confidence-cut", "0.5", "--max-new-tokens", "8", "--json")
+    assert code == 0, err
+    st = json.loads(out)["stats"]
+    assert st["method"] == "sd" and st["num_draft_tokens"] <= 3 * st["num_drafts"]
+
+
 def test_generate_stdin_json_ar(capsys, monkeypatch):
     import io
     monkeypatch.setattr("sys.stdin", io.StringIO(PROMPT))
@@ -194,6 +202,8 @@ def test_generate_local_checkpoints(capsys, tmp_path):
     (["generate", "x", "--num-particles", "zero"], "--num-particles"),
     (["generate", "x", "--resampler", "bogus"], "--resampler"),
     (["generate", "x", "--method", "sd-tree", "--tree", "2,zero"], "--tree"),
+    (["generate", "x", "--confidence-cut", "1"], "--confidence-cut"),
+    (["generate", "x", "--model", "random", "--method", "smc", "--confidence-cut", "0.3"], "confidence_cut"),
     (["generate", "x", "--model", "no-such-pair"], "--model"),
     (["generate", "x", "--target", "/no/such/dir"], "--target"),
     (["generate", "x", "--model", "random", "--max-new-tokens", "100000"], "max_new_tokens"),  # a library error
