@@ -307,16 +307,41 @@ def test_bench_pair_quick(tmp_path):
     from smcsd.defaults import backend, load_defaults
     out = tmp_path / "bench.json"
     bench_smollm2_pair.main(["--pair", "tiny-code", "--drafters", "ar-distilled", "--sd-ks", "2", "--smc", "2:2",
-                             "--batch-sizes", "1", "2", "--prompts", "1", "--repeats", "1", "--max-new-tokens", "8",
-                             "--out", str(out)])
+                             "--sd-cuts", "2:0.5", "--batch-sizes", "1", "2", "--prompts", "1", "--repeats", "1",
+                             "--max-new-tokens", "8", "--out", str(out)])
     rows = _load(out)["rows"]
-    assert {(r["batch"], r["method"]) for r in rows} == {(b, m) for b in (1, 2) for m in ("ar", "default", "sd", "smc")}
+    assert {(r["batch"], r["method"]) for r in rows} == {(b, m) for b in (1, 2)
+                                                         for m in ("ar", "default", "sd", "smc", "sd-cut")}
     chosen = load_defaults("tiny-code")["backends"][backend()]["ar-distilled"]["default"]["method"]
     for r in rows:
         assert r["tokens"] == 8 * r["batch"] and r["speedup"] > 0
-        assert r["ran"] == (chosen if r["method"] == "default" else r["method"])
+        ran = {"default": chosen, "sd-cut": "sd"}.get(r["method"], r["method"])
+        assert r["ran"] == ran
+        if r["method"] in ("sd", "sd-cut"):
+            assert r["K"] == 2 and 0 <= r["verified_per_cycle"] <= 2
+        if r["method"] == "sd":
+            assert r["verified_per_cycle"] == 2 and r["cut"] is None
+        if r["method"] == "sd-cut":
+            assert r["cut"] == 0.5
         if r["method"] == "ar":
             assert r["speedup"] == pytest.approx(1.0)
+
+
+@pytest.mark.slow  # ~30 s of compiles
+def test_cycle_cost_quick(tmp_path):
+    """experiments.bench.cycle_cost on tiny-code: one row per cell with a positive median cost, ar's at 1x; bad
+    lengths are one clear SystemExit."""
+    from experiments.bench import cycle_cost
+    out = tmp_path / "cost.json"
+    cycle_cost.main(["--pair", "tiny-code", "--drafter", "ar-distilled", "--k", "2", "--prompts", "1", "--rounds", "1",
+                     "--long", "24", "--short", "8", "--out", str(out)])
+    rows = _load(out)["rows"]
+    assert [r["cell"] for r in rows] == ["ar", "sd K=1", "sd K=2", "sd K=2, cut verifying all",
+                                         "sd K=2, cut verifying none"]
+    assert all(r["ms_per_cycle"] > 0 and len(r["samples"]) == 1 for r in rows)
+    assert rows[0]["vs_ar_step"] == pytest.approx(1.0)
+    with pytest.raises(SystemExit):
+        cycle_cost.main(["--pair", "tiny-code", "--long", "8", "--short", "8"])
 
 
 @pytest.mark.slow  # ~60 s of compiles; default-run budget
