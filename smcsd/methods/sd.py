@@ -13,6 +13,10 @@ target length -> T + 1 + n and pending -> c; draft: if n == K the draft never sa
 [x_K, c] next cycle (count 2) and keep its length at T + K, else set it to T + 1 + n and feed [c].
 In both cases draft length = new target length + 1 - feed count. Rows that are done keep every
 length, pending token and feed as they were (their cache writes land past the length: stale).
+
+With a confidence cut (`SD(confidence_cut=c)`, `StaticSpec.confidence_cut`) only the first L drafts are verified,
+L from the drafter's own confidences (`confidence_lengths`), in the narrowest static width holding every live row's
+L (`verify_cut`); a row's accepted count never passes its L, so the bookkeeping above is unchanged.
 """
 
 from __future__ import annotations
