@@ -5,7 +5,8 @@
 - tokens_per_target_call: per request, tokens produced by decode-loop target calls divided by the
   calls made while that request was live, summed over requests: sum_b (n_b - 1) / sum_b calls_b
   (the first token of each request comes from the prefill). `ar`: exactly 1; `smc`: K+1 per cycle.
-- num_drafts: draft blocks proposed (one per live row per cycle); num_draft_tokens: tokens in them;
+- num_drafts: draft blocks proposed (one per live row per cycle); num_draft_tokens: tokens in them (those verified,
+  under `sd`'s confidence cut or `flex`'s);
   num_accepted_tokens: draft tokens accepted; acceptance_rate = accepted / drafted;
   mean_acceptance_length = 1 + accepted / num_drafts; accepted_per_position[k] = drafts whose
   k-th token was accepted.
