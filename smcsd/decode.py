@@ -19,6 +19,7 @@ from . import defaults as _defaults
 from . import sampling as _sampling
 from .drafters import Drafter, as_drafter
 from .methods.base import Method, merge_options
+from .methods.sd import check_cut
 from .runtime.engine import METHODS, MethodDef, MethodOptions, ProgramInputs, StaticSpec, bucket, compiled_program
 from .runtime.stats import DecodeResult, unpack_result
 
@@ -350,9 +351,7 @@ def prepare(
         takes = [name for name, m in sorted(METHODS.items()) if m.takes_tree]
         raise ValueError(f"tree= shapes method={' or '.join(repr(t) for t in takes)} only, but method is {method!r}; "
                          f"drop tree= or use {' or '.join(takes)}")
-    if isinstance(confidence_cut, bool) or not isinstance(confidence_cut, numbers.Real) \
-            or not 0 <= confidence_cut < 1:
-        raise ValueError(f"confidence_cut must be a number in [0, 1) (0 verifies every draft), got {confidence_cut!r}")
+    confidence_cut = check_cut("decode", confidence_cut)  # one check for the keyword and SD(confidence_cut=)
     if confidence_cut and not mdef.takes_cut:
         takes = [name for name, m in sorted(METHODS.items()) if m.takes_cut]
         raise ValueError(f"confidence_cut= shapes method={' or '.join(repr(t) for t in takes)} only, but method is "

@@ -56,7 +56,8 @@ class Proposal(NamedTuple):
 
 def top1_confidence(logits):
     """log of the top-1 probability at temperature 1 of raw `logits [..., V]`: a drafter's `Proposal.confidence`."""
-    return jnp.max(jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1), axis=-1)
+    x = logits.astype(jnp.float32)
+    return jnp.max(x, axis=-1) - jax.nn.logsumexp(x, axis=-1)  # no [..., V] log-softmax materialised
 
 
 class TreeProposal(NamedTuple):
