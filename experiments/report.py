@@ -50,11 +50,13 @@ def device_info(count: bool = False, host_cores: bool = True) -> tuple[str, str]
 
 
 def machine_info() -> dict:
-    """The `machine` field of a result: platform, cores, jax version, backend and the load average (the
-    machine may be shared: compare numbers within one run)."""
+    """The `machine` field of a result: platform, CPU model, cores, jax version, backend, the machine key its own
+    defaults are stored under (`smcsd.defaults.machine_key`) and the load average (the machine may be shared:
+    compare numbers within one run; CPUs differ: compare numbers from one machine)."""
     import jax
-    return dict(platform=platform.platform(), cores=os.cpu_count(), jax=jax.__version__,
-                backend=jax.default_backend(), load_avg=os.getloadavg())
+    from smcsd.defaults import cpu_model, machine_key
+    return dict(platform=platform.platform(), cpu=cpu_model(), cores=os.cpu_count(), jax=jax.__version__,
+                backend=jax.default_backend(), machine_key=machine_key(), load_avg=os.getloadavg())
 
 
 def command(script: str, argv=None) -> str:

@@ -11,6 +11,15 @@ e.g. an `sd-tree` whose tree the entry names. A batch of several requests takes 
 it was measured (`choose_defaults --batch-sizes`): the one of the smallest measured batch size at least as large,
 and `ar` past the largest (on a CPU a call over more rows costs more, so drafting stops paying as the batch grows).
 Any other target and drafter get the generic defaults below.
+
+Per machine. What pays differs between CPUs as much as between backends (SmolLM2's call over 4 tokens costs ~1.4x
+a one-token call on one 2-core CPU measured here, 1.8x on another: `sd` K=2 1.04x `ar` on the first, 0.94x on the
+second), so a choice
+measured on this machine (`machine_key()`: the CPU model and core count, or the accelerator's kind and count) is
+preferred where one exists. Lookup order, first hit per drafter: the user's own choice for this machine
+(`user_defaults_path`, written by `choose_defaults --write-user`), the pair's shipped choice for this machine
+(`machine_defaults_path`, `--write-machine`), the pair's backend-wide choice (`defaults_path`, `--write`). `$SMCSD_MACHINE`
+overrides the machine key.
 """
 
 from __future__ import annotations
@@ -18,6 +27,8 @@ from __future__ import annotations
 import functools
 import json
 import os
+import platform
+import re
 from typing import NamedTuple
 
 import jax
@@ -47,29 +58,100 @@ def backend() -> str:
 
 
 def defaults_path(pair: str) -> str:
+    """The pair's backend-wide choice (shipped with it)."""
     return os.path.join(SHIPPED_DIR, pair, FILENAME)
 
 
-@functools.lru_cache(maxsize=None)
-def load_defaults(pair: str) -> dict | None:
-    """The stored choice of a pair (None if it has none)."""
-    path = defaults_path(pair)
-    if not os.path.isfile(path):
+MACHINES_DIR = "decode_defaults.machines"  # next to decode_defaults.json: one file per machine_key()
+
+
+def cpu_model() -> str:
+    """This CPU's model name (/proc/cpuinfo's "model name", else what `platform` says)."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.lower().startswith("model name") and ":" in line:
+                    return " ".join(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    return platform.processor() or platform.machine() or "unknown cpu"
+
+
+def machine_key() -> str:
+    """The name this machine's own defaults are stored under: `$SMCSD_MACHINE` if set, else on a CPU its model and
+    core count ("Intel(R) Xeon(R) Processor, 2 cores"), on an accelerator its kind and count ("NVIDIA H100 80GB
+    HBM3 x 1")."""
+    explicit = os.environ.get("SMCSD_MACHINE")
+    if explicit:
+        return explicit
+    if backend() == "cpu":
+        return f"{cpu_model()}, {os.cpu_count()} cores"
+    devices = jax.devices()
+    return f"{devices[0].device_kind} x {len(devices)}"
+
+
+def machine_slug(key: str) -> str:
+    """A file name for a machine key: lower case, runs of anything but letters and digits as one '-'."""
+    slug = re.sub(r"[^a-z0-9]+", "-", key.lower()).strip("-")
+    return slug or "unknown"
+
+
+def machine_defaults_path(pair: str, key: str | None = None) -> str:
+    """The pair's shipped choice for one machine (default: this one)."""
+    return os.path.join(SHIPPED_DIR, pair, MACHINES_DIR, machine_slug(key or machine_key()) + ".json")
+
+
+def user_defaults_path(pair: str, key: str | None = None) -> str:
+    """The user's own choice for a pair on one machine (default: this one), in smcsd's cache directory."""
+    from smcsd.models.registry import cache_dir
+    return os.path.join(cache_dir(), "decode_defaults", pair, machine_slug(key or machine_key()) + ".json")
+
+
+def read_defaults(path: str) -> dict | None:
+    """A stored choice file (None if there is none); re-read when the file changes."""
+    try:
+        mtime = os.stat(path).st_mtime_ns
+    except OSError:
         return None
+    return _read(path, mtime)
+
+
+@functools.lru_cache(maxsize=64)
+def _read(path: str, mtime: int) -> dict:
+    del mtime  # part of the cache key only
     with open(path) as f:
         data = json.load(f)
     if data.get("schema") != SCHEMA:
-        raise ValueError(f"{path}: schema {data.get('schema')!r} is not {SCHEMA!r}; rerun experiments/studies/choose_defaults.py")
+        raise ValueError(f"{path}: schema {data.get('schema')!r} is not {SCHEMA!r}; rerun "
+                         "python -m experiments.studies.choose_defaults")
     return data
+
+
+def load_defaults(pair: str) -> dict | None:
+    """The pair's backend-wide stored choice (None if it has none); re-read when the file changes."""
+    return read_defaults(defaults_path(pair))
+
+
+load_defaults.cache_clear = _read.cache_clear  # what callers that write the files may call
+
+
+def defaults_chain(pair: str) -> list[tuple[str, dict]]:
+    """`(path, stored choice)` in lookup order (module docstring): the user's for this machine, the pair's for this
+    machine, the pair's backend-wide one; those that exist."""
+    chain = [(p, read_defaults(p)) for p in (user_defaults_path(pair), machine_defaults_path(pair))]
+    chain.append((defaults_path(pair), load_defaults(pair)))
+    return [(p, d) for p, d in chain if d is not None]
 
 
 def default_drafter(pair: str) -> str | None:
     """The drafter `smcsd.load(pair)` gives on this backend when none is named: the stored `default_drafter` (the
-    drafter whose measured default setting is fastest, written by experiments/studies/choose_defaults.py), else None."""
-    stored = load_defaults(pair)
-    if stored is None:
-        return None
-    return (stored.get("default_drafter") or {}).get(backend())
+    drafter whose measured default setting is fastest, written by experiments/studies/choose_defaults.py) of the
+    first stored choice that names one (`defaults_chain`), else None."""
+    for _, stored in defaults_chain(pair):
+        name = (stored.get("default_drafter") or {}).get(backend())
+        if name:
+            return name
+    return None
 
 
 def identify(target, draft=None) -> tuple[str | None, str | None]:
@@ -127,15 +209,15 @@ def choose(target, draft, method: str | None, temperature: float | None = None, 
         n, k = METHOD_DEFAULTS.get(method, (1, 1))
         return Choice(method or "ar", n, k, "no drafter")
     pair, drafter = identify(target, draft)
-    stored = load_defaults(pair) if pair and drafter else None
-    entry, where = _entry(stored, drafter, temperature) if stored is not None else (None, "")
-    if entry is not None:
+    for path, stored in (defaults_chain(pair) if pair and drafter else []):  # this machine's first (module docstring)
+        entry, where = _entry(stored, drafter, temperature)
+        if entry is None:
+            continue
         if method is None:
-            return (_by_batch(entry, batch, f"{defaults_path(pair)} ({where}")
-                    or _choice(entry["default"], f"{defaults_path(pair)} ({where})"))
+            return _by_batch(entry, batch, f"{path} ({where}") or _choice(entry["default"], f"{path} ({where})")
         per_method = entry.get("methods", {}).get(method)
         if per_method is not None:
-            return _choice(per_method, f"{defaults_path(pair)} ({where}, {method})")
+            return _choice(per_method, f"{path} ({where}, {method})")
     if method is None:  # a drafter may name its own (a tree drafter: sd-tree)
         method = getattr(draft, "preferred_method", None) or GENERIC_METHOD
     n, k = METHOD_DEFAULTS.get(method, (1, 1))

@@ -27,12 +27,27 @@ def stored(pair):
         return json.load(f)
 
 
-@pytest.mark.parametrize("pair", PAIRS)
-def test_stored_defaults_are_the_fastest_passing_candidate(pair):
-    """Each stored default is, among the measured candidates that pass the quality test, the fastest (measured on
-    CPU, projected for accelerators), so it is never slower than ar (itself a candidate); the file says how it was
-    chosen."""
-    data = stored(pair)
+def machine_docs():
+    """(pair, path) of every shipped per-machine choice (decode_defaults.machines/*.json)."""
+    return [(pair, os.path.join(SHIPPED_DIR, pair, defaults.MACHINES_DIR, name)) for pair in PAIRS
+            if os.path.isdir(os.path.join(SHIPPED_DIR, pair, defaults.MACHINES_DIR))
+            for name in sorted(os.listdir(os.path.join(SHIPPED_DIR, pair, defaults.MACHINES_DIR)))]
+
+
+@pytest.mark.parametrize("pair, path", [(p, None) for p in PAIRS] + machine_docs())
+def test_stored_defaults_are_the_fastest_passing_candidate(pair, path):
+    """Each stored default (a pair's backend-wide choice and each of its per-machine ones) is, among the measured
+    candidates that pass the quality test, the fastest (measured on CPU, projected for accelerators), so it is never
+    slower than ar (itself a candidate); the file says how it was chosen, and a per-machine file is named after the
+    machine it was measured on."""
+    if path is None:
+        data = stored(pair)
+    else:
+        with open(path) as f:
+            data = json.load(f)
+        key = data["machine"]["machine_key"]
+        assert os.path.basename(path) == defaults.machine_slug(key) + ".json"
+        assert "greedy" not in data or data["greedy"]["machine"]["machine_key"] == key  # both regimes on one machine
     assert data["schema"] == SCHEMA and data["command"].startswith(("python experiments/choose_defaults.py",  # recorded before the package
                                                                          "python -m experiments.studies.choose_defaults"))
     for backend, key in (("cpu", "speedup_vs_ar"), ("accelerator", "projected_h100_speedup")):
@@ -185,3 +200,80 @@ def test_smc_without_a_draft_takes_the_pairs_smc_proposal():
     assert auto.tokens == smcsd.decode(prompt, draft=proposal, **kw).tokens
     other = smcsd.decode(prompt, draft=smcsd.load("tiny-arith", drafter="ar-distilled")[1], **kw)
     assert auto.stats.log_z != other.stats.log_z  # a different proposal weighs differently
+
+
+def test_machine_key_names_the_files_of_this_machines_choice(monkeypatch, tmp_path):
+    """The machine key (CPU model and cores, or $SMCSD_MACHINE) names a file with the pair and one in the cache."""
+    monkeypatch.delenv("SMCSD_MACHINE", raising=False)
+    key = defaults.machine_key()
+    assert defaults.cpu_model() in key and f"{os.cpu_count()} cores" in key
+    assert defaults.machine_slug("Intel(R) Xeon(R) Processor, 2 cores") == "intel-r-xeon-r-processor-2-cores"
+    assert defaults.machine_slug("  ") == "unknown"
+    monkeypatch.setenv("SMCSD_MACHINE", "Test CPU, 3 cores")
+    monkeypatch.setenv("SMCSD_CACHE", str(tmp_path))
+    assert defaults.machine_key() == "Test CPU, 3 cores"
+    assert defaults.machine_defaults_path("tiny-code") == os.path.join(
+        SHIPPED_DIR, "tiny-code", defaults.MACHINES_DIR, "test-cpu-3-cores.json")
+    assert defaults.user_defaults_path("tiny-code") == str(tmp_path / "decode_defaults" / "tiny-code" /
+                                                           "test-cpu-3-cores.json")
+
+
+def test_this_machines_own_choice_comes_first(monkeypatch, tmp_path):
+    """A choice stored for this machine (the user's, then the pair's) wins over the pair's backend-wide one, drafter
+    by drafter: a drafter it does not hold falls through to the next file; an edited file is re-read."""
+    monkeypatch.setenv("SMCSD_MACHINE", "Test CPU, 3 cores")
+    monkeypatch.setenv("SMCSD_CACHE", str(tmp_path))
+    real = stored("tiny-code")
+    target, draft = smcsd.load("tiny-code", drafter="ar-distilled")
+    d = as_drafter(draft)
+    generic = defaults.choose(target, d, None, 0.7)
+    assert generic.source.startswith(defaults.defaults_path("tiny-code"))
+    k = 5 if generic.num_speculative_tokens != 5 else 6  # a choice no stored file makes
+    sd_k = {"method": "sd", "num_particles": 1, "num_speculative_tokens": k}
+    mine = {**real, "backends": {defaults.backend(): {"ar-distilled": {"default": sd_k, "speedup_vs_ar": 1.5,
+                                                                      "methods": {"sd": sd_k}}}},
+            "default_drafter": {defaults.backend(): "ar-distilled"}}
+    mine.pop("greedy", None)
+    path = defaults.user_defaults_path("tiny-code")
+    os.makedirs(os.path.dirname(path))
+    with open(path, "w") as f:
+        json.dump(mine, f)
+    c = defaults.choose(target, d, None, 0.7)
+    assert (c.method, c.num_speculative_tokens) == ("sd", k) and c.source.startswith(path)
+    assert defaults.choose(target, d, "sd", 0.7).num_speculative_tokens == k
+    assert smcsd.decode("import os\n", target=target, draft=draft, max_new_tokens=4, temperature=0.7).stats.method \
+        == "sd"
+    assert defaults.default_drafter("tiny-code") == "ar-distilled"
+    other = as_drafter(smcsd.load("tiny-code", drafter="dflash-dpace")[1])  # not in the user's file
+    assert defaults.choose(target, other, None, 0.7).source.startswith(defaults.defaults_path("tiny-code"))
+    mine["backends"][defaults.backend()]["ar-distilled"]["default"] = {"method": "ar", "num_particles": 1,
+                                                                       "num_speculative_tokens": 1}
+    with open(path, "w") as f:
+        json.dump(mine, f)
+    os.utime(path, ns=(os.stat(path).st_atime_ns, os.stat(path).st_mtime_ns + 10**9))  # a later mtime, surely
+    assert defaults.choose(target, d, None, 0.7).method == "ar"
+    mine["schema"] = "something/else"
+    with open(path, "w") as f:
+        json.dump(mine, f)
+    os.utime(path, ns=(os.stat(path).st_atime_ns, os.stat(path).st_mtime_ns + 2 * 10**9))
+    with pytest.raises(ValueError, match="schema"):
+        defaults.choose(target, d, None, 0.7)
+
+
+def test_choose_defaults_writes_where_its_flag_says(monkeypatch, tmp_path):
+    """--write: the pair's backend-wide file; --write-machine: this machine's with the pair; --write-user: this
+    machine's in the cache; --replace alone is refused before anything is measured."""
+    import argparse
+    from experiments.studies import choose_defaults
+    monkeypatch.setenv("SMCSD_MACHINE", "Test CPU, 3 cores")
+    monkeypatch.setenv("SMCSD_CACHE", str(tmp_path))
+    flags = lambda **kw: argparse.Namespace(**{"write": False, "write_machine": False, "write_user": False, **kw})
+    assert choose_defaults.destination("tiny-code", flags(write=True)) == defaults.defaults_path("tiny-code")
+    assert choose_defaults.destination("tiny-code", flags(write_machine=True)) == defaults.machine_defaults_path(
+        "tiny-code")
+    assert choose_defaults.destination("tiny-code", flags(write_user=True)).startswith(str(tmp_path))
+    assert choose_defaults.destination("tiny-code", flags()) is None
+    with pytest.raises(SystemExit):
+        choose_defaults.main(["--pair", "tiny-code", "--replace"])
+    with pytest.raises(SystemExit):
+        choose_defaults.main(["--pair", "tiny-code", "--write", "--write-user"])

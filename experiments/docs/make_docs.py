@@ -61,6 +61,16 @@ OTHER_RESULTS = [
      "batch size)", "python -m experiments.studies.choose_defaults --pair smollm2-135m --drafters eagle --temperature 0 "
      "--sd-ks 2 3 4 --trees 2,1:top 2,1,1:top --corpus-heldout experiments/data/corpus/smollm2-135m --prompts 8 "
      "--rounds 2 --max-new-tokens 64 --batch-sizes 2 4 8 --write", None),
+    ("choose_defaults_smollm2-135m_intel-r-xeon-r-processor-2-cores.json", "decode's defaults for SmolLM2-135M on "
+     "another CPU (Intel Xeon, 2 cores; this machine's own choice, T=0.7)", "python -m experiments.studies.choose_defaults "
+     "--pair smollm2-135m --drafters eagle --sd-ks 1 2 3 --trees 2,1:top --smc 4:3 --corpus-heldout "
+     "experiments/data/corpus/smollm2-135m --prompts 8 --rounds 2 --max-new-tokens 64 --batch-sizes 2 4 --write-machine",
+     None),
+    ("choose_defaults_smollm2-135m_greedy_intel-r-xeon-r-processor-2-cores.json", "decode's greedy defaults for "
+     "SmolLM2-135M on another CPU (Intel Xeon, 2 cores; this machine's own choice, T=0)", "python -m "
+     "experiments.studies.choose_defaults --pair smollm2-135m --drafters eagle --temperature 0 --sd-ks 1 2 3 --trees "
+     "2,1:top --corpus-heldout experiments/data/corpus/smollm2-135m --prompts 8 --rounds 2 --max-new-tokens 64 "
+     "--batch-sizes 2 4 --write-machine", None),
     ("bench_smollm2_eagle_batches_t07.json", "SmolLM2-135M with the EAGLE-3 head at batch 1, 2, 4 (T=0.7, 12 held-out "
      "requests): where sd stops paying", "python -m experiments.bench.smollm2_pair --corpus-heldout "
      "experiments/data/corpus/smollm2-135m --drafters eagle --sd-ks 2 --smc --trees 2,1:top --temperature 0.7 "

@@ -19,13 +19,22 @@ stored beside the sampled ones under "greedy" (--write keeps the other regime's 
    `ar`. The "accelerator" default (GPU/TPU) is the fastest passing candidate by the cost model
    (experiments/studies/cost_model.py, H100 preset, steady state at the prompt length + half the output), where a call
    over N·(K+1) tokens costs about one token's weight traffic; acceptance and quality are the ones measured here.
-Prints a table per drafter, writes JSON (--out) and, with --write, the pair's decode_defaults.json.
+Prints a table per drafter, writes JSON (--out) and, with --write, the pair's decode_defaults.json (its backend-wide
+choice). What pays differs between CPUs, so --write-machine stores the choice as this machine's own with the pair
+(decode_defaults.machines/<machine>.json) and --write-user in your cache (`smcsd.defaults.user_defaults_path`); on
+this machine `decode` prefers them (smcsd/defaults.py). To choose for your own machine:
+
+    python -m experiments.studies.choose_defaults --pair smollm2-135m --drafters eagle --sd-ks 1 2 3 \
+        --trees 2,1:top --smc 4:3 --write-user
+    python -m experiments.studies.choose_defaults --pair smollm2-135m --drafters eagle --sd-ks 1 2 3 \
+        --trees 2,1:top --temperature 0 --write-user
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import os
 import statistics
 
 from experiments import report
@@ -250,19 +259,28 @@ def main(argv=None):
                          "requests (disjoint draws; prompts no training split contains) instead of the built-in ones")
     ap.add_argument("--arith-points", type=float, default=3.0)
     ap.add_argument("--logp-tol", type=float, default=0.1)
-    ap.add_argument("--write", action="store_true", help="store the choice with the pair (decode_defaults.json), "
-                    "keeping the stored choices of drafters not measured in this run")
-    ap.add_argument("--replace", action="store_true", help="with --write: drop the stored choices of other drafters")
+    where = ap.add_mutually_exclusive_group()
+    where.add_argument("--write", action="store_true", help="store the choice with the pair as its backend-wide one "
+                       "(decode_defaults.json), keeping the stored choices of drafters not measured in this run")
+    where.add_argument("--write-machine", action="store_true", help="store it with the pair as this machine's own "
+                       "(decode_defaults.machines/<machine>.json; smcsd.defaults.machine_key), preferred there over the "
+                       "backend-wide one")
+    where.add_argument("--write-user", action="store_true", help="store it in your cache as this machine's own "
+                       "(smcsd.defaults.user_defaults_path), preferred over both of the pair's")
+    ap.add_argument("--replace", action="store_true", help="with a --write*: drop the stored choices of other drafters")
     ap.add_argument("--out", default=None)
     args = ap.parse_args(argv)
+    if args.replace and not (args.write or args.write_machine or args.write_user):
+        ap.error("--replace goes with --write, --write-machine or --write-user")
     if any(b < 2 for b in args.batch_sizes):  # before any measuring
         ap.error(f"--batch-sizes takes sizes >= 2 (batch 1 is the main run), got {args.batch_sizes}")
 
     import smcsd
-    from smcsd.defaults import SCHEMA, defaults_path
+    from smcsd.defaults import SCHEMA
     from smcsd.pairs import names_of_role
 
     pair = args.pair
+    dest = destination(pair, args)
     names = args.drafters or [n for n in smcsd.available_drafters(pair) if n in names_of_role("model", "block", "eagle")]
     target = smcsd.load(pair)[0]
     prompts, stops, _ = pair_prompts(pair, target, args.prompts)
@@ -332,14 +350,14 @@ def main(argv=None):
                     rounds=args.rounds,
                     max_new_tokens=args.max_new_tokens, quality_prompts=qn, quality_samples=qs, batch=1)
     if greedy:
-        write_greedy(pair, args, cmd, settings, backends, drafters_out)
+        write_greedy(pair, args, dest, cmd, settings, backends, drafters_out)
         return
     commands = [cmd]
     ar_quality_of = {n: ar_quality for n in names}  # the ar reference each drafter's smc verdicts were made against
     greedy_choice = None  # the stored greedy regime, kept by --write
-    if args.write and not args.replace:  # keep the stored choices of drafters this run did not measure
-        from smcsd.defaults import load_defaults
-        old = load_defaults(pair)
+    if dest and not args.replace:  # keep the stored choices of drafters this run did not measure
+        from smcsd.defaults import read_defaults
+        old = read_defaults(dest)
         if old is not None:
             for backend in backends:
                 for n, e in old.get("backends", {}).get(backend, {}).items():
@@ -361,26 +379,47 @@ def main(argv=None):
         settings=settings, ar_quality=ar_quality, ar_quality_of=ar_quality_of, default_drafter=default_drafter,
         backends=backends, candidates=drafters_out, markdown=markdown(backends, drafters_out),
         **({"greedy": greedy_choice} if greedy_choice else {}))
-    out = args.out or report.results_path(f"choose_defaults_{pair}.json")
+    out = args.out or report.results_path(f"choose_defaults_{pair}{machine_suffix(args)}.json")
     print("wrote", report.write_json(out, result, indent=2))
+    if dest:
+        os.makedirs(os.path.dirname(dest), exist_ok=True)
+        print("wrote", report.write_json(dest, result, indent=2))
+
+
+def destination(pair: str, args) -> str | None:
+    """The stored-choice file a --write* flag names (None: none): the pair's backend-wide one, this machine's with
+    the pair, or this machine's in the user's cache (smcsd/defaults.py: the lookup order)."""
+    from smcsd import defaults
     if args.write:
-        print("wrote", report.write_json(defaults_path(pair), result, indent=2))
+        return defaults.defaults_path(pair)
+    if args.write_machine:
+        return defaults.machine_defaults_path(pair)
+    if args.write_user:
+        return defaults.user_defaults_path(pair)
+    return None
 
 
-def write_greedy(pair, args, cmd, settings, backends, candidates):
-    """The greedy regime (--temperature 0): its JSON (--out), and with --write the pair's file with its "greedy" entry
-    replaced (the drafters this run did not measure kept, unless --replace), the sampled choice left as it is."""
-    from smcsd.defaults import defaults_path, load_defaults
+def machine_suffix(args) -> str:
+    """"_<machine>" for a run that stores this machine's own choice (its JSON beside the backend-wide run's), else ""."""
+    from smcsd.defaults import machine_key, machine_slug
+    return f"_{machine_slug(machine_key())}" if args.write_machine or args.write_user else ""
+
+
+def write_greedy(pair, args, dest, cmd, settings, backends, candidates):
+    """The greedy regime (--temperature 0): its JSON (--out), and with a --write* the stored file `dest` with its
+    "greedy" entry replaced (the drafters this run did not measure kept, unless --replace), the sampled choice left
+    as it is."""
+    from smcsd.defaults import read_defaults
     regime = dict(command=cmd, created=report.new_result("-")["created"], machine=report.machine_info(),
                   settings=settings, backends=backends, candidates=candidates, markdown=markdown(backends, candidates))
-    out = args.out or report.results_path(f"choose_defaults_{pair}_greedy.json")
+    out = args.out or report.results_path(f"choose_defaults_{pair}_greedy{machine_suffix(args)}.json")
     print("wrote", report.write_json(out, regime, indent=2))
-    if not args.write:
+    if not dest:
         return
-    old = load_defaults(pair)
+    old = read_defaults(dest)
     if old is None:
-        raise SystemExit(f"{defaults_path(pair)} does not exist: choose the sampled defaults first "
-                         f"(--temperature 0.7 --write), then the greedy ones")
+        raise SystemExit(f"{dest} does not exist: choose the sampled defaults first (--temperature 0.7 with the same "
+                         "--write* flag), then the greedy ones")
     prev = old.get("greedy") or {}
     if not args.replace:
         for backend in backends:
@@ -391,7 +430,7 @@ def write_greedy(pair, args, cmd, settings, backends, candidates):
         regime["markdown"] = markdown(backends, candidates)
     regime["commands"] = (prev.get("commands", []) if not args.replace else []) + [cmd]
     data = {**old, "greedy": regime}
-    print("wrote", report.write_json(defaults_path(pair), data, indent=2))
+    print("wrote", report.write_json(dest, data, indent=2))
 
 
 if __name__ == "__main__":
