@@ -12,14 +12,14 @@ it was measured (`choose_defaults --batch-sizes`): the one of the smallest measu
 and `ar` past the largest (on a CPU a call over more rows costs more, so drafting stops paying as the batch grows).
 Any other target and drafter get the generic defaults below.
 
-Per machine. What pays differs between CPUs as much as between backends (SmolLM2's call over 4 tokens costs ~1.4x
-a one-token call on one 2-core CPU measured here, 1.8x on another: `sd` K=2 1.04x `ar` on the first, 0.94x on the
-second), so a choice
-measured on this machine (`machine_key()`: the CPU model and core count, or the accelerator's kind and count) is
-preferred where one exists. Lookup order, first hit per drafter: the user's own choice for this machine
+Per machine. What pays differs between CPUs as much as between backends: SmolLM2's call over 4 tokens costs ~1.4x
+a one-token call on one 2-core CPU measured here and 1.8x on another, and at T=0.7 `sd` K=2 ran 1.04x `ar` on the
+first, 0.94x on the second. So a choice measured on this machine (`machine_key()`: the CPU model and core count, or
+the accelerator's kind and count) is preferred where one exists. Lookup order, first file holding the drafter (its
+greedy entry at temperature 0 where it has one, else its sampled one): the user's own choice for this machine
 (`user_defaults_path`, written by `choose_defaults --write-user`), the pair's shipped choice for this machine
-(`machine_defaults_path`, `--write-machine`), the pair's backend-wide choice (`defaults_path`, `--write`). `$SMCSD_MACHINE`
-overrides the machine key.
+(`machine_defaults_path`, `--write-machine`), the pair's backend-wide choice (`defaults_path`, `--write`).
+`$SMCSD_MACHINE` overrides the machine key.
 """
 
 from __future__ import annotations

@@ -24,10 +24,13 @@ choice). What pays differs between CPUs, so --write-machine stores the choice as
 (decode_defaults.machines/<machine>.json) and --write-user in your cache (`smcsd.defaults.user_defaults_path`); on
 this machine `decode` prefers them (smcsd/defaults.py). To choose for your own machine:
 
-    python -m experiments.studies.choose_defaults --pair smollm2-135m --drafters eagle --sd-ks 1 2 3 \
-        --trees 2,1:top --smc 4:3 --write-user
-    python -m experiments.studies.choose_defaults --pair smollm2-135m --drafters eagle --sd-ks 1 2 3 \
-        --trees 2,1:top --temperature 0 --write-user
+    python -m experiments.studies.choose_defaults --pair smollm2-135m --drafters eagle --sd-ks 1 2 3 \\
+        --trees 2,1:top --smc 4:3 --corpus-heldout experiments/data/corpus/smollm2-135m --batch-sizes 2 4 --write-user
+    python -m experiments.studies.choose_defaults --pair smollm2-135m --drafters eagle --sd-ks 1 2 3 \\
+        --trees 2,1:top --temperature 0 --corpus-heldout experiments/data/corpus/smollm2-135m --batch-sizes 2 4 \\
+        --write-user
+
+(the sampled run first: the greedy one adds its regime to the file the sampled one made)
 """
 
 from __future__ import annotations
