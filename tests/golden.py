@@ -13,6 +13,7 @@ a refactoring may legitimately reorder a reduction).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import os
@@ -119,14 +120,13 @@ def real_available() -> bool:
 MACHINE = "golden: backend-wide defaults only"
 
 
-def compute(include_real: bool, verbose: bool = False, only=None):
-    import warnings
-    cache: dict = {}
-    out = {}
+@contextlib.contextmanager
+def backend_wide_defaults():
+    """`SMCSD_MACHINE` set to `MACHINE` for the duration (then restored)."""
     previous = os.environ.get("SMCSD_MACHINE")
     os.environ["SMCSD_MACHINE"] = MACHINE
     try:
-        return _compute(include_real, verbose, only, cache, out, warnings)
+        yield
     finally:
         if previous is None:
             os.environ.pop("SMCSD_MACHINE", None)
@@ -134,8 +134,11 @@ def compute(include_real: bool, verbose: bool = False, only=None):
             os.environ["SMCSD_MACHINE"] = previous
 
 
-def _compute(include_real, verbose, only, cache, out, warnings):
-    with warnings.catch_warnings():
+def compute(include_real: bool, verbose: bool = False, only=None):
+    import warnings
+    cache: dict = {}
+    out = {}
+    with backend_wide_defaults(), warnings.catch_warnings():
         warnings.simplefilter("ignore")
         for name, pair, d, m, extra in cases(include_real):
             if only is not None and name not in only:
