@@ -239,6 +239,27 @@ def test_fidelity_quick(tmp_path):
         fidelity.main(["--pair", "tiny-arith", "--draft-temperature", "0", "--out", str(out)])
 
 
+@pytest.mark.slow  # ~20 s; default-run budget
+def test_draft_temperature_quick(tmp_path):
+    """experiments.studies.draft_temperature on tiny-code: sd's acceptance per (K, draft temperature), with intervals."""
+    from experiments.studies import draft_temperature
+    out = tmp_path / "dt.json"
+    draft_temperature.main(["--pair", "tiny-code", "--ks", "2", "--draft-temperatures", "0.2", "1.0", "--prompts", "4",
+                            "--max-new-tokens", "24", "--out", str(out)])
+    res = _load(out)
+    rows = res["rows"]
+    assert [(r["K"], r["draft_temperature"]) for r in rows] == [(2, 0.2), (2, 1.0)]
+    for r in rows:
+        # a cycle emits at most K + 1 = 3 tokens and the prefill the first: >= 23 / 3 cycles per prompt (no stop token)
+        assert 0 <= r["accepted_per_cycle"] <= 2 and r["cycles"] >= 4 * 23 // 3 and r["prompts"] == 4
+        assert r["ci95"] >= 0
+    assert rows[0]["accepted_per_cycle"] != rows[1]["accepted_per_cycle"]  # the draft temperature reached decode
+    assert res["command"].startswith("python -m experiments.studies.draft_temperature")
+    for bad in (["--temperature", "0"], ["--draft-temperatures", "0"], ["--prompts", "1"]):
+        with pytest.raises(SystemExit):  # a clear parse error, before anything loads
+            draft_temperature.main(["--pair", "tiny-code", *bad])
+
+
 def test_distinct_n_counts_repeated_ngrams():
     from experiments.studies.fidelity import distinct_n
     assert distinct_n([[1, 2, 3, 4]], 1) == 1.0 and distinct_n([[1, 1, 1, 1]], 1) == 0.25
