@@ -365,6 +365,24 @@ def test_cycle_cost_quick(tmp_path):
         cycle_cost.main(["--pair", "tiny-code", "--long", "8", "--short", "8"])
 
 
+@pytest.mark.slow  # ~10 s; default-run budget
+def test_weight_stream_quick(tmp_path):
+    """experiments.bench.weight_stream on tiny-code: one row per T with positive costs, the head's share the
+    difference of the two chains, the first T at 1x; bad sizes are one clear SystemExit."""
+    from experiments.bench import weight_stream
+    out = tmp_path / "ws.json"
+    weight_stream.main(["--pair", "tiny-code", "--ts", "1", "2", "--steps", "4", "--repeats", "1", "--out", str(out)])
+    res = _load(out)
+    rows = res["rows"]
+    assert [r["T"] for r in rows] == [1, 2] and rows[0]["vs_first"] == pytest.approx(1.0)
+    for r in rows:
+        assert r["ms_per_step"] > 0 and r["ms_without_head"] > 0 and r["gb_per_s"] > 0
+        assert r["head_ms"] == pytest.approx(r["ms_per_step"] - r["ms_without_head"])
+    assert res["layer_weight_bytes"] > res["head_bytes"] > 0
+    with pytest.raises(SystemExit):
+        weight_stream.main(["--pair", "tiny-code", "--ts", "0"])
+
+
 @pytest.mark.slow  # ~60 s of compiles; default-run budget
 def test_tree_bench_quick(tmp_path):
     """experiments.bench.tree on tiny-code: every family at budgets 5 and 9, tokens per call in [1, budget],
