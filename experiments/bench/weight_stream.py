@@ -70,7 +70,7 @@ def main(argv=None):
     import jax
     import numpy as np
     import smcsd
-    from models.transformer import layers_unstacked
+    from smcsd.models.transformer import layers_unstacked
 
     target = smcsd.load(args.pair)[0]
     params = target.decode_params()
