@@ -23,10 +23,9 @@ def chain_step_seconds(params, T: int, steps: int, repeats: int, with_head: bool
     import jax
     import jax.numpy as jnp
 
-    layers = params["layers"]
-    head = params.get("head_t")
-    if head is None:  # a layout without the transposed head copy: the tied table or lm_head, transposed
-        head = (params["lm_head"] if "lm_head" in params else params["embed_tokens"]["embedding"]).T
+    from smcsd.models.transformer import HEAD_T
+
+    layers, head = params["layers"], params[HEAD_T]
     H = head.shape[0]
 
     def layer(x, p):
@@ -70,17 +69,15 @@ def main(argv=None):
     import jax
     import numpy as np
     import smcsd
-    from smcsd.models.transformer import layers_unstacked
+    from smcsd.models.transformer import HEAD_T, unstack_layers, with_transposed_head
 
     target = smcsd.load(args.pair)[0]
     params = target.decode_params()
-    if not layers_unstacked(params):
-        params = {**params, "layers": tuple(jax.tree_util.tree_map(lambda a, i=i: a[i], params["layers"])
-                                            for i in range(target.config.num_hidden_layers))}
-    nbytes = sum(int(np.prod(a.shape)) * a.dtype.itemsize for a in jax.tree_util.tree_leaves(params["layers"])
-                 if a.ndim == 2)
-    head = params.get("head_t", params.get("lm_head", params["embed_tokens"]["embedding"]))
-    head_bytes = int(np.prod(head.shape)) * head.dtype.itemsize
+    if HEAD_T not in params:  # an accelerator's layout: per-layer buffers and the [D, V] head, as on CPU
+        params = with_transposed_head(target.config, unstack_layers(params))
+    size = lambda a: int(np.prod(a.shape)) * a.dtype.itemsize  # noqa: E731
+    nbytes = sum(size(a) for a in jax.tree_util.tree_leaves(params["layers"]) if a.ndim == 2)
+    head_bytes = size(params[HEAD_T])
     rows = []
     for T in args.ts:
         full = chain_step_seconds(params, T, args.steps, args.repeats, True)
