@@ -616,3 +616,43 @@ def test_corpus_card_names_old_script_commands_by_module():
     assert as_module_command("python experiments/build_corpus.py") == "python -m experiments.train.build_corpus"
     assert as_module_command("python experiments/build_corpus.pyx") == "python experiments/build_corpus.pyx"
     assert as_module_command("python -m experiments.train.build_corpus") == "python -m experiments.train.build_corpus"
+
+
+def test_block_drafter_init_from_rejects_conflicting_flags(capsys):
+    """--init-from takes the architecture from the saved drafter: --layers / --block-size / --target-layers with it,
+    or --variable-prefix (which has its own warm start), exit with a usage error naming the flag, before any load."""
+    from experiments.train import block_drafter
+    for extra, named in ((["--layers", "2"], "--layers"), (["--block-size", "8"], "--block-size"),
+                         (["--target-layers", "1", "2"], "--target-layers"), (["--variable-prefix"], "--variable-prefix")):
+        with pytest.raises(SystemExit):
+            block_drafter.main(["--pair", "tiny-code", "--init-from", "/nonexistent", *extra])
+        assert named in capsys.readouterr().err
+
+
+@pytest.mark.slow  # two short trainings on tiny-code (~1 min of compiles)
+def test_block_drafter_init_from_warm_starts(tmp_path):
+    """A drafter trained a few steps, then warm-started from its export with --init-from: the second run keeps the
+    first's architecture (2 layers, block 8, its target layers), moves its weights, and stays near them (nearer
+    than a fresh init of the same shape is: it started from them, not from scratch)."""
+    import jax
+    import numpy as np
+    from experiments.train import block_drafter
+    from experiments.train import common as train_cli
+    from smcsd.drafters import DFlashDrafter
+    common = ["--pair", "tiny-code", "--weighting", "dpace", "--max-tokens", "60000", "--eval-rows", "4",
+              "--no-progress", "--num-anchors", "2"]
+    a, b = tmp_path / "a", tmp_path / "b"
+    block_drafter.main([*common, "--layers", "2", "--block-size", "8", "--steps", "3", "--eval-every", "3",
+                        "--out", str(a / "export"), "--ckpt-dir", str(a / "ck"), "--curves-dir", str(a)])
+    block_drafter.main([*common, "--init-from", str(a / "export"), "--steps", "2", "--eval-every", "2",
+                        "--out", str(b / "export"), "--ckpt-dir", str(b / "ck"), "--curves-dir", str(b)])
+    da, db = DFlashDrafter.load(str(a / "export")), DFlashDrafter.load(str(b / "export"))
+    assert db.block_config.model.num_hidden_layers == 2 and db.block_config.block_size == 8
+    assert db.block_config.target_layers == da.block_config.target_layers
+    target, _ = train_cli.load_pair("tiny-code")
+    fresh = DFlashDrafter.create(target, num_layers=2, block_size=8, seed=1)
+    la, lb, lf = ([np.asarray(x, np.float32) for x in jax.tree_util.tree_leaves(d.params)] for d in (da, db, fresh))
+    assert len(la) == len(lb) and all(x.shape == y.shape for x, y in zip(la, lb))
+    dist = lambda u, v: sum(float(np.abs(x - y).sum()) for x, y in zip(u, v))
+    assert dist(la, lb) > 0  # the second run trained
+    assert dist(la, lb) < 0.5 * dist(la, lf), (dist(la, lb), dist(la, lf))  # ...starting from the first's weights

@@ -6,6 +6,8 @@
     python -m experiments.train.block_drafter --pair tiny-code --weighting dpace --variable-prefix --export
       (D²SD's variable-prefix drafter: starts from the pair's dflash-dpace drafter, each block shows its first p
       gold tokens, Pr(p) ∝ 0.9^p, loss after them; exported as the `d2sd` drafter's network)
+    python -m experiments.train.block_drafter --pair tiny-code --weighting dpace --init-from DIR/export --steps 4000 \
+        --out DIR2/export   (warm start from a saved drafter, a fresh warmup and cosine schedule)
     (resumable: add --resume after a kill; --overwrite restarts)
 
 Corpus:
@@ -82,9 +84,20 @@ def main(argv=None):
     ap.add_argument("--variable-prefix", action="store_true",
                     help="train D²SD's variable-prefix drafter (warm-started from the pair's dflash-dpace drafter)")
     ap.add_argument("--prefix-decay", type=float, default=0.9, help="Pr(p) ∝ decay^p with --variable-prefix")
+    ap.add_argument("--init-from", default=None, metavar="DIR",
+                    help="warm start: begin from the block drafter saved in DIR (an --out export, a shipped drafter's "
+                         "directory) with a fresh schedule; its config.json sets the architecture, so --layers, "
+                         "--block-size and --target-layers are not given with it")
     train_cli.add_run_flags(ap)
     train_cli.add_device_args(ap)
     args = ap.parse_args(argv)
+    if args.init_from is not None:
+        given = [f"--{k.replace('_', '-')}" for k in ("layers", "block_size", "target_layers")
+                 if getattr(args, k) is not None]
+        if given:
+            ap.error(f"--init-from takes the architecture from {args.init_from}/config.json; drop {', '.join(given)}")
+        if args.variable_prefix:
+            ap.error("--variable-prefix warm-starts from the pair's dflash-dpace drafter itself; drop --init-from")
     train_cli.fill_defaults(args, DEFAULTS[args.pair])  # this script does not require --out or --export
     train_cli.start_devices(args)  # --distributed / --mesh, before the target loads
 
@@ -99,6 +112,8 @@ def main(argv=None):
         from smcsd.pairs import drafter_dir
         name = "d2sd"
         drafter = DFlashDrafter.load(drafter_dir(args.pair, "dflash-dpace"), dtype="float32", name=name).bind(target)
+    elif args.init_from is not None:  # bind() checks that it was made for this target's width and vocabulary
+        drafter = DFlashDrafter.load(args.init_from, dtype="float32", name=name).bind(target)
     else:
         drafter = DFlashDrafter.create(target, num_layers=args.layers, block_size=args.block_size, seed=args.seed,
                                       target_layers=args.target_layers, name=name)
