@@ -334,6 +334,9 @@ def test_bench_pair_quick(tmp_path):
     assert {(r["batch"], r["method"]) for r in rows} == {(b, m) for b in (1, 2)
                                                          for m in ("ar", "default", "sd", "smc", "sd-cut")}
     chosen = load_defaults("tiny-code")["backends"][backend()]["ar-distilled"]["default"]["method"]
+    default = _load(out)["default"]  # the choice recorded is the one decode made at the bench's temperature
+    assert default["drafter"] == "ar-distilled" and default["choice"]["method"] == chosen
+    assert "tiny-code" in default["source"] and "greedy" not in default["source"]
     for r in rows:
         assert r["tokens"] == 8 * r["batch"] and r["speedup"] > 0
         ran = {"default": chosen, "sd-cut": "sd"}.get(r["method"], r["method"])

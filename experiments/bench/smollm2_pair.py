@@ -197,17 +197,19 @@ def main(argv=None):
                          resample_rate=resample_rate(a, B)))
     table = render(rows)
     print(table)
-    from smcsd.defaults import backend, defaults_chain
-    path, stored = next(((p, d) for p, d in defaults_chain(pair)  # the stored choice decode reads on this machine
-                         if default_name in d.get("backends", {}).get(backend(), {})), (None, None))
+    from smcsd.defaults import choose
+    # what decode runs with the default drafter and no method, at this temperature (at T=0 the greedy entry where
+    # the file has one) and batch 1: the method and (N, K) it chose and the stored file it read them from
+    chosen = choose(target, default_drafter, None, temperature=args.temperature)
     result = report.new_result(
-        "smcsd.bench_smollm2_pair/2", machine=report.machine_info(), pair=pair,
+        "smcsd.bench_smollm2_pair/3", machine=report.machine_info(), pair=pair,
         model=dict(name=pair, params=target.num_params, dtype=target.config.dtype),
         drafters={name: dict(kind=getattr(d, "kind", "ar"), params=getattr(d, "num_params", None))
                   for name, d in drafters.items()},
-        default=dict(drafter=default_name,
-                     choice=(stored or {}).get("backends", {}).get(backend()), source=stored and stored.get("command"),
-                     path=path),
+        default=dict(drafter=default_name, temperature=args.temperature,
+                     choice=dict(method=chosen.method, N=chosen.num_particles, K=chosen.num_speculative_tokens,
+                                 tree=chosen.tree),
+                     source=chosen.source),
         settings=dict(temperature=args.temperature, max_new_tokens=args.max_new_tokens, repeats=args.repeats,
                       prompts=len(prompts), batch_sizes=args.batch_sizes),
         rows=rows, markdown=table, command=report.command(__file__, argv))
