@@ -656,6 +656,9 @@ def test_block_drafter_init_from_warm_starts(tmp_path):
     fresh = DFlashDrafter.create(target, num_layers=2, block_size=8, seed=1)
     la, lb, lf = ([np.asarray(x, np.float32) for x in jax.tree_util.tree_leaves(d.params)] for d in (da, db, fresh))
     assert len(la) == len(lb) and all(x.shape == y.shape for x, y in zip(la, lb))
-    dist = lambda u, v: sum(float(np.abs(x - y).sum()) for x, y in zip(u, v))
+
+    def dist(u, v):  # L1 distance between two drafters' weights
+        return sum(float(np.abs(x - y).sum()) for x, y in zip(u, v))
+
     assert dist(la, lb) > 0  # the second run trained
     assert dist(la, lb) < 0.5 * dist(la, lf), (dist(la, lb), dist(la, lf))  # ...starting from the first's weights
