@@ -662,3 +662,38 @@ def test_block_drafter_init_from_warm_starts(tmp_path):
 
     assert dist(la, lb) > 0  # the second run trained
     assert dist(la, lb) < 0.5 * dist(la, lf), (dist(la, lb), dist(la, lf))  # ...starting from the first's weights
+
+
+def test_block_drafter_continuations_is_tiny_code_only(capsys):
+    """--continuations is tiny-code's corpus of its target's continuations: with another pair it is a usage error
+    naming the flag, before any load."""
+    from experiments.train import block_drafter
+    with pytest.raises(SystemExit):
+        block_drafter.main(["--pair", "smollm2-135m", "--continuations", "/nonexistent"])
+    assert "--continuations" in capsys.readouterr().err
+
+
+def test_code_continuations_resume_reproduces_build(tmp_path):
+    """A build killed after its first shard and resumed gives the same documents as one uninterrupted build; each
+    document is [BOS] + a training-file window + the target's greedy continuation (checked against `decode`), and a
+    build.json with other settings in the directory is refused."""
+    import numpy as np
+    import smcsd
+    from experiments import code_data
+    from experiments.train import code_continuations as cc
+    small = ["--shard-size", "3", "--prompt-bytes", "16", "--new-tokens", "8", "--heldout", "2"]
+    whole, parts = tmp_path / "whole", tmp_path / "parts"
+    cc.main([*small, "--shards", "2", "--out", str(whole)])
+    cc.main([*small, "--shards", "1", "--out", str(parts)])  # the "killed" build: one shard written
+    cc.main([*small, "--shards", "2", "--out", str(parts)])  # resumed
+    (tw, hw), (tp, hp) = cc.load_continuations(str(whole)), cc.load_continuations(str(parts))
+    assert len(tw) == 6 and len(hw) == 2
+    assert all(np.array_equal(a, b) for a, b in zip(tw + hw, tp + hp)) and len(tw) == len(tp)
+    target, _ = smcsd.load("tiny-code", drafter="ar")
+    for d in tw[:3]:
+        assert d[0] == code_data.BOS and 17 < len(d) <= 25
+        ref = smcsd.decode([d[:17].tolist()], target=target, method="ar", max_new_tokens=8, temperature=0.0,
+                           eos_id=[code_data.EOS]).tokens[0]
+        assert list(d[17:]) == list(ref)
+    with pytest.raises(SystemExit, match="other settings"):
+        cc.main([*small, "--new-tokens", "9", "--shards", "2", "--out", str(whole)])

@@ -11,6 +11,8 @@
     (resumable: add --resume after a kill; --overwrite restarts)
 
 Corpus:
+- tiny-code with --continuations DIR [DIR ...]: the target's own continuations of training-file windows
+  (`train/code_continuations.py`), the text `sd` verifies; their held-out shards measure the drafter.
 - tiny-code: the interpreter's standard-library .py files that `train/pair.py` trains on (its held-out files,
   split by path hash, stay out: `studies/eval_code.py` measures on them), up to --max-tokens bytes; the target (5.4M)
   runs teacher-forced on the fly.
@@ -19,7 +21,8 @@ Corpus:
 The drafter: --layers decoder layers at the target's width (sharing its embedding and LM head), reading the
 target's hidden states at `default_target_layers` (up to 5 spread over the depth), block size --block-size.
 Loss per position: --ce-weight · CE(gold) + --kl-weight · KL(p_T top-k ‖ q), weighted per --weighting.
-With --export the result goes to models/shipped/<pair>/drafters/<dflash | dflash-dpace>/ (with training.json:
+With --export the result goes to models/shipped/<pair>/drafters/<dflash | dflash-dpace | dflash-distilled (with
+--continuations)>/ (with training.json:
 command, settings, wall time, final held-out metrics); otherwise to --out.
 """
 
@@ -40,6 +43,15 @@ DEFAULTS = {  # per pair: sizes and a CPU budget (about half an hour or less a r
 
 def corpus_for(pair: str, target, args):
     from smcsd.train import TextCorpus
+    if args.continuations is not None:  # tiny-code's self-distillation corpus (train/code_continuations.py)
+        from experiments.train.code_continuations import load_continuations
+        from smcsd.train.eagle import TokenCorpus
+        train, held = [], []
+        for path in args.continuations:  # e.g. greedy and sampled continuations, mixed
+            t, h = load_continuations(path)
+            train, held = train + t, held + h
+        return TokenCorpus(train, seq_len=args.seq_len, batch_size=args.batch_size, heldout_documents=held or None,
+                           heldout_frac=0.02, max_tokens=args.max_tokens, seed=0)
     if pair == "tiny-code":
         from experiments.code_data import is_heldout, stdlib_files
         texts, total = [], 0
@@ -88,9 +100,16 @@ def main(argv=None):
                     help="warm start: begin from the block drafter saved in DIR (an --out export, a shipped drafter's "
                          "directory) with a fresh schedule; its config.json sets the architecture, so --layers, "
                          "--block-size and --target-layers are not given with it")
+    ap.add_argument("--continuations", nargs="+", default=None, metavar="DIR",
+                    help="tiny-code: train on the target's own continuations built by train/code_continuations.py "
+                         "(e.g. experiments/data/corpus/tiny-code-greedy; several directories are mixed) instead of "
+                         "the standard-library text (give --max-tokens: the pair's default keeps 2M tokens)")
     train_cli.add_run_flags(ap)
     train_cli.add_device_args(ap)
     args = ap.parse_args(argv)
+    if args.continuations is not None and args.pair != "tiny-code":
+        ap.error("--continuations is tiny-code's corpus of its target's continuations; smollm2-135m trains on its "
+                 "own self-distillation corpus")
     if args.init_from is not None:
         given = [f"--{k.replace('_', '-')}" for k in ("layers", "block_size", "target_layers")
                  if getattr(args, k) is not None]
@@ -108,6 +127,8 @@ def main(argv=None):
     corpus = corpus_for(args.pair, target, args)
     print(f"corpus: {corpus.num_tokens} tokens, {len(corpus.train_rows)} train rows", flush=True)
     name = "dflash-dpace" if args.weighting == "dpace" else "dflash"
+    if args.continuations is not None:  # self-distilled: exported as the pair's `dflash-distilled` drafter
+        name = "dflash-distilled"
     if args.variable_prefix:  # warm start: the variable-prefix drafter shares the main drafter's architecture
         from smcsd.pairs import drafter_dir
         name = "d2sd"
@@ -117,7 +138,8 @@ def main(argv=None):
     else:
         drafter = DFlashDrafter.create(target, num_layers=args.layers, block_size=args.block_size, seed=args.seed,
                                       target_layers=args.target_layers, name=name)
-    tag = f"{args.pair}-{args.weighting}{'-vp' if args.variable_prefix else ''}-s{args.seed}"
+    tag = (f"{args.pair}-{args.weighting}{'-vp' if args.variable_prefix else ''}"
+           f"{'-cont' if args.continuations else ''}-s{args.seed}")
     out = train_cli.output_dir(args, name)
     res = train_block_drafter(
         target, drafter, corpus, steps=args.steps, weighting=args.weighting, lr=args.lr,
