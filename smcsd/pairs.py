@@ -6,7 +6,8 @@ the fetchable SmolLM2); the drafters are:
   `models/shipped/<pair>/drafters/<name>/` holds the others (`ar-distilled`, later `dflash`, `pard2`, ...), each a
   checkpoint directory (config.json + model.safetensors, as `experiments/train/pair.py` and `smcsd.train` export);
 - parameter-free drafters that work with any target: `prompt-lookup`.
-Names say the kind: `ar`, `ar-distilled`, `prompt-lookup`, `dflash`, `dflash-dpace`, `d2sd` (a `D2SDDrafter`: its
+Names say the kind: `ar`, `ar-distilled`, `prompt-lookup`, `dflash`, `dflash-dpace`, `dflash-distilled` (a DFlash
+drafter trained on the target's own continuations, `experiments/train/code_continuations.py`), `d2sd` (a `D2SDDrafter`: its
 variable-prefix network with a `d2sd.json` naming the main block drafter), `pard2` (a `PARD2Drafter`), `dels` (a
 `DeLSDrafter`: a DeLS-Spec local head with a `dels.json` naming the block drafter it is fused with), `specblock`
 (a `SpecBlockDrafter`), `eagle` (an `EagleDrafter`: EAGLE-3, in the EAGLE / SpecForge checkpoint layout), ...
@@ -106,6 +107,7 @@ DRAFTERS: tuple[DrafterEntry, ...] = (
     DrafterEntry("ar-distilled", "model", _load_model),
     DrafterEntry("ar", "model", _load_model),
     DrafterEntry("smc-proposal", "smc-proposal", _load_proposal),  # drafters fine-tuned for SMC (χ² / Rényi)
+    DrafterEntry("dflash-distilled", "block", _loader(DFlashDrafter)),  # trained on the target's own continuations
     DrafterEntry("dflash-dpace", "block", _loader(DFlashDrafter)),
     DrafterEntry("dflash", "block", _loader(DFlashDrafter)),
     DrafterEntry("specblock", "block", _loader(SpecBlockDrafter)),

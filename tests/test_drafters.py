@@ -332,7 +332,7 @@ def test_available_drafters_and_load():
         if name in names:  # the later papers' drafters, where the pair ships them
             assert isinstance(smcsd.load("tiny-code", drafter=name)[1], kind), name
     from smcsd.drafters import DFlashDrafter
-    for name in ("dflash", "dflash-dpace"):  # the shipped block drafters, bound to the target
+    for name in ("dflash-distilled", "dflash", "dflash-dpace"):  # the shipped block drafters, bound to the target
         assert name in names
         block = smcsd.load("tiny-code", drafter=name)[1]
         assert isinstance(block, DFlashDrafter) and block.name == f"tiny-code/{name}"

@@ -13,7 +13,7 @@ import pytest
 import golden
 
 
-@pytest.mark.slow  # ~20 decodes, each compiled (~4 min); `python tests/golden.py --check` runs all 75
+@pytest.mark.slow  # ~20 decodes, each compiled (~4 min); `python tests/golden.py --check` runs them all
 def test_decoding_reproduces_the_golden_file():
     with open(golden.GOLDEN) as f:
         stored = json.load(f)
@@ -23,7 +23,7 @@ def test_decoding_reproduces_the_golden_file():
     include_real = golden.real_available()
     names = [c[0] for c in golden.cases(include_real)]
     assert set(names) == {k for k in stored["cases"] if include_real or not k.startswith("smollm2")}
-    quick = golden.quick_cases(names)  # CI's budget: each method and drafter kind; the script checks all 75
+    quick = golden.quick_cases(names)  # CI's budget: each method and drafter kind; the script checks them all
     want = {k: stored["cases"][k] for k in quick}
     got = golden.compute(include_real, only=set(quick))
     diffs = golden.differences(want, got)
