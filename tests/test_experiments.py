@@ -697,3 +697,16 @@ def test_code_continuations_resume_reproduces_build(tmp_path):
         assert list(d[17:]) == list(ref)
     with pytest.raises(SystemExit, match="other settings"):
         cc.main([*small, "--new-tokens", "9", "--shards", "2", "--out", str(whole)])
+
+
+def test_block_drafters_study_reads_block_and_ar_directories(tmp_path):
+    """`--drafters path:DIR` tells a saved block drafter from an AR model by its config.json, and a directory
+    without one is refused naming the flag."""
+    import os
+    from experiments.studies import block_drafters
+    from smcsd.models.shipped import SHIPPED_DIR
+    drafters = os.path.join(SHIPPED_DIR, "tiny-code", "drafters")
+    assert block_drafters._is_block_dir(os.path.join(drafters, "dflash-distilled"))
+    assert not block_drafters._is_block_dir(os.path.join(drafters, "ar-distilled"))
+    with pytest.raises(SystemExit, match="--drafters path:"):
+        block_drafters._is_block_dir(str(tmp_path))

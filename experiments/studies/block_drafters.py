@@ -4,7 +4,8 @@
     python -m experiments.studies.block_drafters --pair tiny-code --drafters dflash path:/tmp/dflash-s1 --ks 4 8 15
     python -m experiments.studies.block_drafters --pair smollm2-135m --ks 4 8 --prompts 4 --new-tokens 96
 
-For every drafter (a name of the pair, or `path:DIR` for a block drafter saved elsewhere, e.g. another seed),
+For every drafter (a name of the pair, or `path:DIR` for a block drafter or an AR model saved elsewhere, e.g. another
+seed),
 every K in --ks and every temperature in --temperatures, `sd` decodes --new-tokens from each held-out prompt
 (tiny-code: --prompt-tokens bytes of the held-out stdlib files `train/pair.py` keeps out of training;
 smollm2-135m: chat requests on topics outside the drafters' corpus), batch --batch (default: all prompts at
@@ -24,6 +25,7 @@ Prints a markdown table, writes JSON (--out).
 from __future__ import annotations
 
 import argparse
+import json
 import os
 
 
@@ -54,6 +56,15 @@ def draft_weight_reads(drafter, target_config, K: int) -> float:
     return K * matmul_params((drafter.model if isinstance(drafter, ARDrafter) else drafter).config) / tgt
 
 
+def _is_block_dir(path: str) -> bool:
+    """Whether `path` holds a block drafter (`DFlashDrafter.save`'s config names it) rather than an AR model."""
+    cfg = os.path.join(path, "config.json")
+    if not os.path.isfile(cfg):
+        raise SystemExit(f"--drafters path:{path}: no config.json there (a saved block drafter or AR model directory)")
+    with open(cfg) as f:
+        return json.load(f).get("drafter") == "dflash"
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -80,8 +91,11 @@ def main(argv=None):
     names = args.drafters or [d for d in smcsd.available_drafters(args.pair) if d != "prompt-lookup"]
     drafters = {}
     for name in names:
-        if name.startswith("path:"):
+        if name.startswith("path:") and _is_block_dir(name[5:]):
             drafters[name] = DFlashDrafter.load(name[5:], dtype=target.config.dtype).bind(target)
+        elif name.startswith("path:"):  # an AR drafter's export (config.json + model.safetensors)
+            from smcsd.models.shipped import load_model_dir
+            drafters[name] = load_model_dir(name[5:], tokenizer=target.tokenizer)
         else:
             drafters[name] = smcsd.load(args.pair, drafter=name)[1]
     prompts = prompts_for(args.pair, target, n, args.prompt_tokens)
