@@ -673,6 +673,7 @@ def test_block_drafter_continuations_is_tiny_code_only(capsys):
     assert "--continuations" in capsys.readouterr().err
 
 
+@pytest.mark.slow  # three small decodes of the tiny-code target (16 s in the default lane's last run: its budget)
 def test_code_continuations_resume_reproduces_build(tmp_path):
     """A build killed after its first shard and resumed gives the same documents as one uninterrupted build; each
     document is [BOS] + a training-file window + the target's greedy continuation (checked against `decode`), and a
