@@ -711,3 +711,15 @@ def test_block_drafters_study_reads_block_and_ar_directories(tmp_path):
     assert not block_drafters._is_block_dir(os.path.join(drafters, "ar-distilled"))
     with pytest.raises(SystemExit, match="--drafters path:"):
         block_drafters._is_block_dir(str(tmp_path))
+
+
+def test_block_drafter_corpus_takes_other_scripts_flags():
+    """The other recipes (eagle, local_head, specblock, ...) call `block_drafter.corpus_for` with their own parsed
+    flags, which have no --continuations: it gives them the standard-library text."""
+    import argparse
+    from experiments.train import block_drafter
+    from experiments.train import common as train_cli
+    target, _ = train_cli.load_pair("tiny-code")
+    args = argparse.Namespace(max_tokens=20_000, seq_len=64, batch_size=2)
+    corpus = block_drafter.corpus_for("tiny-code", target, args)
+    assert corpus.seq_len == 64 and len(corpus.train_rows) >= 2

@@ -43,7 +43,8 @@ DEFAULTS = {  # per pair: sizes and a CPU budget (about half an hour or less a r
 
 def corpus_for(pair: str, target, args):
     from smcsd.train import TextCorpus
-    if args.continuations is not None:  # tiny-code's self-distillation corpus (train/code_continuations.py)
+    # tiny-code's own continuations (train/code_continuations.py); other scripts share this with their own flags
+    if getattr(args, "continuations", None) is not None:
         from experiments.train.code_continuations import load_continuations
         from smcsd.train.eagle import TokenCorpus
         train, held = [], []
