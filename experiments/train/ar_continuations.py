@@ -37,16 +37,11 @@ def main(argv=None) -> None:
         ap.error(f"--steps must be >= 1, got {args.steps}")
 
     import smcsd
-    from experiments.train.code_continuations import load_continuations
+    from experiments.train.code_continuations import continuations_corpus
     from smcsd.train import distill_ar_drafter
-    from smcsd.train.eagle import TokenCorpus
 
     target, draft = smcsd.load("tiny-code", drafter="ar")
-    train, held = [], []
-    for path in args.continuations:
-        t, h = load_continuations(path)
-        train, held = train + t, held + h
-    corpus = TokenCorpus(train, seq_len=256, batch_size=16, heldout_documents=held or None, seed=0)
+    corpus = continuations_corpus(args.continuations, seq_len=256, batch_size=16)
     out = os.path.abspath(args.out)
     ckpt = args.ckpt_dir or out.rstrip("/") + "-ckpt"
     command = shlex.join(["python", "-m", "experiments.train.ar_continuations"] + list(

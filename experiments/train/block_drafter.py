@@ -45,14 +45,9 @@ def corpus_for(pair: str, target, args):
     from smcsd.train import TextCorpus
     # tiny-code's own continuations (train/code_continuations.py); other scripts share this with their own flags
     if getattr(args, "continuations", None) is not None:
-        from experiments.train.code_continuations import load_continuations
-        from smcsd.train.eagle import TokenCorpus
-        train, held = [], []
-        for path in args.continuations:  # e.g. greedy and sampled continuations, mixed
-            t, h = load_continuations(path)
-            train, held = train + t, held + h
-        return TokenCorpus(train, seq_len=args.seq_len, batch_size=args.batch_size, heldout_documents=held or None,
-                           heldout_frac=0.02, max_tokens=args.max_tokens, seed=0)
+        from experiments.train.code_continuations import continuations_corpus
+        return continuations_corpus(args.continuations, seq_len=args.seq_len, batch_size=args.batch_size,
+                                    max_tokens=args.max_tokens, heldout_frac=0.02)
     if pair == "tiny-code":
         from experiments.code_data import is_heldout, stdlib_files
         texts, total = [], 0

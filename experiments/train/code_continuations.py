@@ -66,6 +66,19 @@ def load_continuations(path: str, max_shards: int | None = None) -> tuple[list[n
     return train, held
 
 
+def continuations_corpus(paths, *, seq_len: int, batch_size: int, max_tokens: int | None = None,
+                         heldout_frac: float = 0.05):
+    """A `TokenCorpus` of the continuations in the directories `paths` (mixed, in order), measured on their held-out
+    shards (without any, the last `heldout_frac` of the rows)."""
+    from smcsd.train.eagle import TokenCorpus
+    train, held = [], []
+    for path in paths:
+        t, h = load_continuations(path)
+        train, held = train + t, held + h
+    return TokenCorpus(train, seq_len=seq_len, batch_size=batch_size, heldout_documents=held or None,
+                       heldout_frac=heldout_frac, max_tokens=max_tokens, seed=0)
+
+
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", default=DEFAULT_OUT)
